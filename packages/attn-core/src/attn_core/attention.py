@@ -1,0 +1,330 @@
+"""``attention()``: the one attention entry point every attn-zoo model calls.
+
+Shape legend: ``B`` batch, ``H`` query heads, ``Hkv`` key/value heads (``H % Hkv == 0``;
+fewer key/value heads = GQA, one = MQA), ``Lq`` / ``Lk`` query / key length,
+``D`` head width, ``Dv`` value head width.
+
+Backends, looked up by name:
+
+* ``"math"``  -- :func:`attn_core.functional.scaled_dot_product_attention`, the readable
+  reference; the only backend that returns weights.
+* ``"sdpa"``  -- ``torch.nn.functional.scaled_dot_product_attention`` (flash /
+  memory-efficient / cuDNN kernels chosen by PyTorch).
+* ``"flash_attn"`` -- the ``flash_attn`` package (CUDA, fp16/bf16, no arbitrary mask).
+* ``"flex"`` -- ``torch.nn.attention.flex_attention`` (masks become block masks).
+
+``backend=None`` picks the best that can serve the call (flash_attn when it can, else
+sdpa; math when weights are needed). A backend that was *forced* -- by argument, by
+``use_backend(name)`` or by the ``ATTN_CORE_BACKEND`` environment variable -- and
+cannot serve a call raises :class:`AttentionBackendError` instead of falling back.
+``last_backend()`` tells which one ran last; a DEBUG log line says the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import importlib.util
+import logging
+import os
+import warnings
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+
+from .functional import scaled_dot_product_attention
+from .masks import (
+    causal_mask,
+    combine_masks,
+    expand_key_padding_mask,
+    validate_attn_mask,
+    validate_key_padding_mask,
+)
+
+__all__ = [
+    "BACKENDS",
+    "AttentionBackendError",
+    "attention",
+    "available_backends",
+    "last_backend",
+    "use_backend",
+]
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("math", "sdpa", "flash_attn", "flex")
+
+
+class AttentionBackendError(ValueError):
+    """A forced attention backend cannot serve this call (or does not exist)."""
+
+
+def _check_name(name: str | None) -> str | None:
+    if name is not None and name not in BACKENDS:
+        raise AttentionBackendError(f"unknown attention backend {name!r}; expected one of {BACKENDS}")
+    return name
+
+
+_forced: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "attn_core_backend", default=_check_name(os.environ.get("ATTN_CORE_BACKEND") or None)
+)
+_last: str | None = None
+
+
+@contextlib.contextmanager
+def use_backend(name: str | None) -> Iterator[None]:
+    """Force every ``attention()`` call inside the block onto backend ``name``.
+
+    ``None`` restores automatic choice. Like ``torch.nn.attention.sdpa_kernel``, but a
+    backend that cannot serve a call raises instead of silently falling back.
+    """
+    token = _forced.set(_check_name(name))
+    try:
+        yield
+    finally:
+        _forced.reset(token)
+
+
+def last_backend() -> str | None:
+    """Name of the backend that served the most recent ``attention()`` call."""
+    return _last
+
+
+@functools.cache
+def _flash_attn_installed() -> bool:
+    return importlib.util.find_spec("flash_attn") is not None
+
+
+@functools.cache
+def _flex_installed() -> bool:
+    return importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
+
+
+def available_backends() -> list[str]:
+    """Backends importable in this environment (whether one serves a call depends on it)."""
+    names = ["math", "sdpa"]
+    if _flash_attn_installed():
+        names.append("flash_attn")
+    if _flex_installed():
+        names.append("flex")
+    return names
+
+
+def _why_not(
+    name: str, q: torch.Tensor, k_len: int, has_mask: bool, is_causal: bool, dropout_p: float
+) -> str | None:
+    """Why backend ``name`` cannot serve this call, or None if it can."""
+    if name == "flash_attn":
+        if not _flash_attn_installed():
+            return "the flash_attn package is not installed"
+        if not q.is_cuda:
+            return "flash_attn needs CUDA tensors"
+        if q.dtype not in (torch.float16, torch.bfloat16):
+            return f"flash_attn needs float16/bfloat16 inputs, got {q.dtype}"
+        if has_mask:
+            return "flash_attn supports only is_causal, not attn_mask/key_padding_mask"
+        if is_causal and q.shape[-2] > k_len:
+            return "flash_attn causal attention needs Lq <= Lk"
+        if q.shape[-1] > 256:
+            return f"flash_attn supports head dims up to 256, got {q.shape[-1]}"
+    if name == "flex":
+        if not _flex_installed():
+            return "torch.nn.attention.flex_attention is not available in this torch"
+        if dropout_p > 0.0:
+            return "flex does not support dropout"
+        if q.device.type == "cpu" and torch.is_grad_enabled() and q.requires_grad:
+            return "FlexAttention has no backward on CPU"
+    return None
+
+
+def _flash(q, k, v, is_causal, dropout_p, scale):
+    from flash_attn import flash_attn_func
+
+    # flash_attn wants (B, L, H, D); its causal mask is bottom-right aligned like ours.
+    out = flash_attn_func(
+        q.transpose(1, 2),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        dropout_p=dropout_p,
+        softmax_scale=scale,
+        causal=is_causal,
+    )
+    return out.transpose(1, 2)
+
+
+@functools.cache
+def _flex_fn(device_type: str):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    # Compiled on GPU (a fused kernel); eager elsewhere (correct, materialises scores).
+    return torch.compile(flex_attention, dynamic=False) if device_type == "cuda" else flex_attention
+
+
+def _flex(q, k, v, mask, is_causal, scale):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    B, H, Lq, _ = q.shape
+    Lk = k.shape[-2]
+    block_mask = score_mod = None
+    if is_causal:
+        offset = Lk - Lq
+
+        def mask_mod(b, h, qi, ki):
+            return ki <= qi + offset
+
+        block_mask = create_block_mask(mask_mod, None, None, Lq, Lk, device=q.device)
+    elif mask is not None and mask.dtype == torch.bool:
+        dense = mask
+
+        def mask_mod(b, h, qi, ki):
+            return dense[b if dense.shape[0] > 1 else 0, h if dense.shape[1] > 1 else 0, qi, ki]
+
+        mb = B if mask.shape[0] > 1 else None
+        mh = H if mask.shape[1] > 1 else None
+        block_mask = create_block_mask(mask_mod, mb, mh, Lq, Lk, device=q.device)
+    elif mask is not None:
+        bias = mask
+
+        def score_mod(score, b, h, qi, ki):
+            return score + bias[b if bias.shape[0] > 1 else 0, h if bias.shape[1] > 1 else 0, qi, ki]
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        return _flex_fn(q.device.type)(
+            q,
+            k,
+            v,
+            score_mod=score_mod,
+            block_mask=block_mask,
+            scale=scale,
+            enable_gqa=k.shape[1] != H,
+        )
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    attn_mask: torch.Tensor | None = None,
+    key_padding_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+    need_weights: bool = False,
+    backend: str | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Multi-head scaled dot-product attention on ``(B, H, L, D)`` tensors.
+
+    Args:
+        q: ``(B, H, Lq, D)``.
+        k: ``(B, Hkv, Lk, D)``.
+        v: ``(B, Hkv, Lk, Dv)``.
+        attn_mask: broadcastable to ``(B, H, Lq, Lk)``; bool True = may attend,
+            float = additive.
+        key_padding_mask: ``(B, Lk)``; bool True = padding, float = additive.
+        is_causal: causal attention, bottom-right aligned when ``Lq != Lk``.
+        dropout_p: dropout on the attention weights; pass 0.0 in eval mode.
+        scale: score scale, default ``1 / sqrt(D)``.
+        need_weights: also return the ``(B, H, Lq, Lk)`` weights (uses ``"math"``).
+        backend: force a backend by name; ``None`` = ``use_backend`` / automatic.
+
+    Returns:
+        ``(B, H, Lq, Dv)`` output, or ``(output, weights)`` when ``need_weights``.
+        Queries whose keys are all masked get zeros (finite gradients), never NaN.
+    """
+    global _last
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise ValueError(
+            "attention expects q (B, H, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv); got "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    B, H, Lq, D = q.shape
+    Hkv, Lk = k.shape[1], k.shape[2]
+    if k.shape[0] != B or v.shape[0] != B or v.shape[1:3] != k.shape[1:3] or k.shape[3] != D:
+        raise ValueError(
+            f"k must be (B, Hkv, Lk, D) = ({B}, Hkv, Lk, {D}) and v (B, Hkv, Lk, Dv) with "
+            f"the same B, Hkv, Lk; got k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if H % Hkv:
+        raise ValueError(f"query heads ({H}) must be a multiple of key/value heads ({Hkv})")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+
+    forced = _check_name(backend) if backend is not None else _forced.get()
+
+    # Fold key padding and (non-square) causality into one mask in the attn_mask convention.
+    mask = None
+    if attn_mask is not None:
+        mask = validate_attn_mask(attn_mask, B, H, Lq, Lk)
+    if key_padding_mask is not None:
+        kpm = validate_key_padding_mask(key_padding_mask, B, Lk)
+        mask = combine_masks(mask, expand_key_padding_mask(kpm))
+    user_mask = mask is not None
+    native_causal = is_causal and not user_mask  # flash_attn/flex: bottom-right causal built in
+    if is_causal and (mask is not None or Lq != Lk):
+        mask = combine_masks(mask, causal_mask(Lq, Lk, q.device))
+    sdpa_causal = is_causal and mask is None
+
+    if need_weights:
+        if forced not in (None, "math"):
+            raise AttentionBackendError(
+                f"need_weights=True needs the 'math' backend, but {forced!r} was forced"
+            )
+        name = "math"
+    elif forced is not None:
+        name = forced
+        reason = _why_not(name, q, Lk, user_mask, is_causal, dropout_p)
+        if reason:
+            raise AttentionBackendError(f"attention backend {name!r} cannot serve this call: {reason}")
+    elif _flash_attn_installed() and not _why_not("flash_attn", q, Lk, user_mask, is_causal, dropout_p):
+        name = "flash_attn"
+    else:
+        name = "sdpa"
+
+    # A query row with every key masked: let it attend everywhere (finite maths on every
+    # backend), then zero its output below, so its output is 0 and its gradients are 0.
+    dead = None
+    if mask is not None:
+        if mask.is_floating_point():
+            mask = mask.to(q.dtype)
+            dead = torch.isneginf(mask).all(-1, keepdim=True)
+            mask = mask.masked_fill(dead, 0.0)
+        else:
+            dead = ~mask.any(-1, keepdim=True)
+            mask = mask | dead
+
+    weights = None
+    if name == "math":
+        if Hkv != H:
+            k = k.repeat_interleave(H // Hkv, dim=1)
+            v = v.repeat_interleave(H // Hkv, dim=1)
+        out, weights = scaled_dot_product_attention(
+            q, k, v, mask, dropout_p=dropout_p, is_causal=sdpa_causal, scale=scale
+        )
+    elif name == "sdpa":
+        out = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            dropout_p=dropout_p,
+            is_causal=sdpa_causal,
+            scale=scale,
+            enable_gqa=Hkv != H,
+        )
+    elif name == "flash_attn":
+        out = _flash(q, k, v, native_causal, dropout_p, scale)
+    else:
+        out = _flex(q, k, v, None if native_causal else mask, native_causal, scale)
+
+    if dead is not None:
+        out = out.masked_fill(dead, 0.0)
+        if weights is not None:
+            weights = weights.masked_fill(dead, 0.0)
+    _last = name
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug("attention backend=%s q=%s k=%s mask=%s", name, tuple(q.shape), tuple(k.shape), mask is not None)
+    return (out, weights) if need_weights else out

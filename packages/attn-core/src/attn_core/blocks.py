@@ -1,0 +1,243 @@
+"""Transformer building blocks: ``FeedForward``, ``LayerScale``, ``DropPath``, ``TransformerBlock``.
+
+Shape legend: ``B`` batch, ``L`` tokens, ``S`` context (encoder) tokens, ``D`` width.
+
+``TransformerBlock`` is the one block ViT, the CLIP text tower and the NLP encoder /
+decoder stacks are built from. Names follow timm's ``Block`` (``norm1``, ``attn``,
+``ls1``, ``norm2``, ``mlp.fc1``, ``mlp.fc2``, ``ls2``) so converted weights line up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .kv_cache import KVCache
+from .mha import MultiHeadAttention
+from .rope import RotaryEmbedding
+
+__all__ = ["ACTIVATIONS", "DropPath", "FeedForward", "LayerScale", "QuickGELU", "TransformerBlock"]
+
+
+class QuickGELU(nn.Module):
+    """``x * sigmoid(1.702 x)``: the GELU approximation OpenAI's CLIP was trained with."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+
+ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
+    "gelu": nn.GELU,
+    "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
+    "quick_gelu": QuickGELU,
+    "relu": nn.ReLU,
+    "swiglu": nn.SiLU,  # gate activation of the gated (GLU) variant
+}
+
+
+class FeedForward(nn.Module):
+    """Position-wise MLP: ``fc2(drop(act(fc1(x))))`` ``(..., D) -> (..., out_dim)``.
+
+    ``act="swiglu"`` makes it gated (Shazeer 2020): ``fc1`` produces ``[x, gate]`` and
+    the hidden activation is ``x * silu(gate)``.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        hidden_dim: int | None = None,
+        out_dim: int | None = None,
+        *,
+        act: str = "gelu",
+        dropout: float = 0.0,
+        bias: bool = True,
+    ) -> None:
+        super().__init__()
+        if act not in ACTIVATIONS:
+            raise ValueError(f"unknown activation {act!r}; expected one of {sorted(ACTIVATIONS)}")
+        hidden_dim = 4 * dim if hidden_dim is None else hidden_dim
+        self.gated = act == "swiglu"
+        self.fc1 = nn.Linear(dim, hidden_dim * (2 if self.gated else 1), bias=bias)
+        self.act = ACTIVATIONS[act]()
+        self.drop = nn.Dropout(dropout)
+        self.fc2 = nn.Linear(hidden_dim, dim if out_dim is None else out_dim, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.fc1(x)
+        if self.gated:
+            x, gate = x.chunk(2, dim=-1)
+            x = x * self.act(gate)
+        else:
+            x = self.act(x)
+        return self.fc2(self.drop(x))
+
+
+class LayerScale(nn.Module):
+    """Per-channel learnable residual scale (CaiT): ``x * gamma``."""
+
+    def __init__(self, dim: int, init_values: float = 1e-5) -> None:
+        super().__init__()
+        self.gamma = nn.Parameter(init_values * torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma
+
+
+class DropPath(nn.Module):
+    """Stochastic depth: drop a whole residual branch per sample while training."""
+
+    def __init__(self, drop_prob: float = 0.0) -> None:
+        super().__init__()
+        self.drop_prob = drop_prob
+
+    def extra_repr(self) -> str:
+        return f"drop_prob={self.drop_prob}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.drop_prob == 0.0 or not self.training:
+            return x
+        keep = 1.0 - self.drop_prob
+        mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)
+        return x * mask / keep
+
+
+class TransformerBlock(nn.Module):
+    """Self-attention, optional cross-attention and an MLP, each a residual branch.
+
+    Pre-norm (``norm_first=True``, ViT / GPT / CLIP): ``x + branch(norm(x))``.
+    Post-norm (``norm_first=False``, the original Transformer / BERT / Marian):
+    ``norm(x + branch(x))``. Each branch output goes through dropout, layer scale and
+    drop path before the residual add.
+
+    Args:
+        dim: width ``D``.
+        num_heads: attention heads.
+        mlp_ratio: MLP hidden width as a multiple of ``dim`` (or give ``mlp_hidden_dim``).
+        num_kv_heads: key/value heads for GQA/MQA in self-attention.
+        bias: biases in the attention projections; ``mlp_bias`` in the MLP.
+        act: MLP activation: ``gelu``, ``gelu_tanh``, ``quick_gelu``, ``relu``, ``swiglu``.
+        norm_first: pre-norm (True) or post-norm (False).
+        cross_attention: add a cross-attention branch over ``context``.
+        context_dim: width of ``context`` (default ``dim``).
+        dropout: dropout on each branch output (and inside the MLP).
+        attn_dropout: dropout on the attention weights.
+        drop_path: stochastic depth rate.
+        layer_scale: LayerScale init value, or None for no layer scale.
+        norm_layer: norm constructor taking the width (e.g. ``partial(nn.LayerNorm, eps=1e-6)``).
+        qk_norm, rope, backend: passed to :class:`MultiHeadAttention` (self-attention).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        *,
+        mlp_hidden_dim: int | None = None,
+        num_kv_heads: int | None = None,
+        bias: bool = True,
+        mlp_bias: bool = True,
+        act: str = "gelu",
+        norm_first: bool = True,
+        cross_attention: bool = False,
+        context_dim: int | None = None,
+        dropout: float = 0.0,
+        attn_dropout: float = 0.0,
+        drop_path: float = 0.0,
+        layer_scale: float | None = None,
+        norm_layer: Callable[[int], nn.Module] = nn.LayerNorm,
+        qk_norm: bool = False,
+        rope: RotaryEmbedding | bool | None = None,
+        backend: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.norm_first = norm_first
+
+        def scale() -> nn.Module:
+            return LayerScale(dim, layer_scale) if layer_scale is not None else nn.Identity()
+
+        def drop() -> nn.Module:
+            return DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
+
+        self.norm1 = norm_layer(dim)
+        self.attn = MultiHeadAttention(
+            dim,
+            num_heads,
+            num_kv_heads=num_kv_heads,
+            dropout=attn_dropout,
+            bias=bias,
+            qk_norm=qk_norm,
+            rope=rope,
+            backend=backend,
+        )
+        self.ls1, self.drop_path1 = scale(), drop()
+        if cross_attention:
+            self.norm_cross = norm_layer(dim)
+            self.cross_attn = MultiHeadAttention(
+                dim,
+                num_heads,
+                dropout=attn_dropout,
+                bias=bias,
+                kdim=context_dim,
+                vdim=context_dim,
+                backend=backend,
+            )
+            self.ls_cross, self.drop_path_cross = scale(), drop()
+        else:
+            self.cross_attn = None
+        self.norm2 = norm_layer(dim)
+        hidden = mlp_hidden_dim if mlp_hidden_dim is not None else int(dim * mlp_ratio)
+        self.mlp = FeedForward(dim, hidden, act=act, dropout=dropout, bias=mlp_bias)
+        self.ls2, self.drop_path2 = scale(), drop()
+        self.dropout = dropout
+
+    def _residual(self, x, branch, norm, ls, drop_path):
+        if self.norm_first:
+            return x + drop_path(ls(F.dropout(branch(norm(x)), self.dropout, self.training)))
+        return norm(x + drop_path(ls(F.dropout(branch(x), self.dropout, self.training))))
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        context: torch.Tensor | None = None,
+        *,
+        attn_mask: torch.Tensor | None = None,
+        key_padding_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        context_key_padding_mask: torch.Tensor | None = None,
+        kv_cache: KVCache | None = None,
+        cross_kv_cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        """``x`` ``(B, L, D)`` (and ``context`` ``(B, S, context_dim)``) -> ``(B, L, D)``.
+
+        ``attn_mask`` / ``key_padding_mask`` / ``is_causal`` apply to self-attention,
+        ``context_key_padding_mask`` to cross-attention (True = padding).
+        """
+
+        def self_attn(h: torch.Tensor) -> torch.Tensor:
+            return self.attn(
+                h,
+                attn_mask=attn_mask,
+                key_padding_mask=key_padding_mask,
+                is_causal=is_causal,
+                kv_cache=kv_cache,
+            )[0]
+
+        x = self._residual(x, self_attn, self.norm1, self.ls1, self.drop_path1)
+        if self.cross_attn is not None:
+            if context is None:
+                raise ValueError("this block has cross-attention: pass context (B, S, D)")
+
+            def cross_attn(h: torch.Tensor) -> torch.Tensor:
+                return self.cross_attn(
+                    h,
+                    context,
+                    key_padding_mask=context_key_padding_mask,
+                    kv_cache=cross_kv_cache,
+                )[0]
+
+            x = self._residual(x, cross_attn, self.norm_cross, self.ls_cross, self.drop_path_cross)
+        return self._residual(x, self.mlp, self.norm2, self.ls2, self.drop_path2)
