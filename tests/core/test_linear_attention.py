@@ -7,7 +7,6 @@ import math
 
 import pytest
 import torch
-
 from attn_core.linear_attention import (
     LinearAttention,
     PerformerAttention,
@@ -76,7 +75,7 @@ def test_causal_gradients_match_quadratic():
     for t in (q, k, v):
         t.grad = None
     _quadratic(q, k, v, causal=True).square().sum().backward()
-    for got, t in zip(grads, (q, k, v)):
+    for got, t in zip(grads, (q, k, v), strict=True):
         torch.testing.assert_close(got, t.grad, atol=1e-8, rtol=1e-6)
 
 

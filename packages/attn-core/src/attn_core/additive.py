@@ -73,7 +73,9 @@ class AdditiveAttention(nn.Module):
             )
         B = q.shape[0]
         if keys.ndim != 3 or keys.shape[0] != B or keys.shape[-1] != self.key_dim:
-            raise ValueError(f"keys must be (B, Lk, {self.key_dim}) with B={B}, got {tuple(keys.shape)}")
+            raise ValueError(
+                f"keys must be (B, Lk, {self.key_dim}) with B={B}, got {tuple(keys.shape)}"
+            )
         if values.shape[:2] != keys.shape[:2] or values.shape[-1] != self.value_dim:
             raise ValueError(
                 f"values must be (B, Lk, {self.value_dim}) = ({B}, {keys.shape[1]}, "

@@ -63,12 +63,15 @@ class AttentionBackendError(ValueError):
 
 def _check_name(name: str | None) -> str | None:
     if name is not None and name not in BACKENDS:
-        raise AttentionBackendError(f"unknown attention backend {name!r}; expected one of {BACKENDS}")
+        raise AttentionBackendError(
+            f"unknown attention backend {name!r}; expected one of {BACKENDS}"
+        )
     return name
 
 
+_ENV_BACKEND = _check_name(os.environ.get("ATTN_CORE_BACKEND") or None)
 _forced: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "attn_core_backend", default=_check_name(os.environ.get("ATTN_CORE_BACKEND") or None)
+    "attn_core_backend", default=_ENV_BACKEND
 )
 _last: str | None = None
 
@@ -175,20 +178,27 @@ def _flex(q, k, v, mask, is_causal, scale):
             return ki <= qi + offset
 
         block_mask = create_block_mask(mask_mod, None, None, Lq, Lk, device=q.device)
-    elif mask is not None and mask.dtype == torch.bool:
-        dense = mask
-
-        def mask_mod(b, h, qi, ki):
-            return dense[b if dense.shape[0] > 1 else 0, h if dense.shape[1] > 1 else 0, qi, ki]
-
-        mb = B if mask.shape[0] > 1 else None
-        mh = H if mask.shape[1] > 1 else None
-        block_mask = create_block_mask(mask_mod, mb, mh, Lq, Lk, device=q.device)
     elif mask is not None:
-        bias = mask
+        # index the dense (b, h, Lq, Lk) mask; size-1 batch/head dims broadcast
+        mb, mh = mask.shape[0], mask.shape[1]
+        dense = mask.expand(mb, mh, Lq, Lk)
 
-        def score_mod(score, b, h, qi, ki):
-            return score + bias[b if bias.shape[0] > 1 else 0, h if bias.shape[1] > 1 else 0, qi, ki]
+        def pick(b, h, qi, ki):
+            return dense[b if mb > 1 else 0, h if mh > 1 else 0, qi, ki]
+
+        if mask.dtype == torch.bool:
+            block_mask = create_block_mask(
+                lambda b, h, qi, ki: pick(b, h, qi, ki),
+                B if mb > 1 else None,
+                H if mh > 1 else None,
+                Lq,
+                Lk,
+                device=q.device,
+            )
+        else:
+
+            def score_mod(score, b, h, qi, ki):
+                return score + pick(b, h, qi, ki)
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
@@ -278,8 +288,12 @@ def attention(
         name = forced
         reason = _why_not(name, q, Lk, user_mask, is_causal, dropout_p)
         if reason:
-            raise AttentionBackendError(f"attention backend {name!r} cannot serve this call: {reason}")
-    elif _flash_attn_installed() and not _why_not("flash_attn", q, Lk, user_mask, is_causal, dropout_p):
+            raise AttentionBackendError(
+                f"attention backend {name!r} cannot serve this call: {reason}"
+            )
+    elif _flash_attn_installed() and not _why_not(
+        "flash_attn", q, Lk, user_mask, is_causal, dropout_p
+    ):
         name = "flash_attn"
     else:
         name = "sdpa"
@@ -326,5 +340,11 @@ def attention(
             weights = weights.masked_fill(dead, 0.0)
     _last = name
     if logger.isEnabledFor(logging.DEBUG):
-        logger.debug("attention backend=%s q=%s k=%s mask=%s", name, tuple(q.shape), tuple(k.shape), mask is not None)
+        logger.debug(
+            "attention backend=%s q=%s k=%s mask=%s",
+            name,
+            tuple(q.shape),
+            tuple(k.shape),
+            mask is not None,
+        )
     return (out, weights) if need_weights else out

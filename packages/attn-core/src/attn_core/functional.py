@@ -28,7 +28,9 @@ def masked_softmax(
     gradient is zero and finite. The softmax runs in float32 for half inputs.
     """
     if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+        scores = (
+            scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+        )
         dead = scores.amax(dim, keepdim=True) == float("-inf")
         scores = scores.masked_fill(dead, 0.0)
     weights = F.softmax(scores, dim=dim, dtype=torch.float32).to(scores.dtype)

@@ -31,6 +31,7 @@ __all__ = [
     "to_additive",
     "validate_attn_mask",
     "validate_key_padding_mask",
+    "window_rule",
 ]
 
 
@@ -47,9 +48,7 @@ def causal_mask(
     return torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(k_len - q_len)
 
 
-def padding_mask(
-    lengths: torch.Tensor | list[int], max_len: int | None = None
-) -> torch.Tensor:
+def padding_mask(lengths: torch.Tensor | list[int], max_len: int | None = None) -> torch.Tensor:
     """Key-padding mask ``(B, max_len)`` from sequence lengths: True marks **padding**."""
     lengths = torch.as_tensor(lengths)
     if lengths.ndim != 1 or lengths.is_floating_point():
@@ -85,10 +84,7 @@ def sliding_window_mask(
         raise ValueError(f"global_tokens must be >= 0, got {global_tokens}")
     i = torch.arange(q_len, device=device)[:, None]
     j = torch.arange(q_len, device=device)[None, :]
-    if causal:
-        mask = (j <= i) & (j > i - window)
-    else:
-        mask = (i - j).abs() <= window // 2
+    mask = window_rule(i, j, window, causal)
     if global_tokens:
         glob = j < global_tokens
         if causal:
@@ -97,6 +93,13 @@ def sliding_window_mask(
             glob = glob | (i < global_tokens)
         mask = mask | glob
     return mask
+
+
+def window_rule(i: torch.Tensor, j: torch.Tensor, window: int, causal: bool) -> torch.Tensor:
+    """The local-window rule on (broadcast) query positions ``i`` and key positions ``j``."""
+    if causal:
+        return (j <= i) & (j > i - window)
+    return (i - j).abs() <= window // 2
 
 
 def to_additive(mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -125,9 +125,7 @@ class MultiHeadAttention(nn.Module):
                 new.proj.bias.copy_(module.out_proj.bias)
         return new
 
-    def _in_proj(
-        self, x: torch.Tensor, part: str
-    ) -> torch.Tensor:
+    def _in_proj(self, x: torch.Tensor, part: str) -> torch.Tensor:
         """Project ``x`` with the query (``"q"``), key+value (``"kv"``), ``"k"`` or ``"v"`` rows."""
         if not self.fused_qkv:
             if part == "kv":

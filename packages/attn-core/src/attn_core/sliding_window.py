@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from .attention import attention
+from .masks import window_rule
 
 __all__ = ["sliding_window_attention"]
 
@@ -83,10 +84,7 @@ def sliding_window_attention(
         (back + 1 + ahead) * c, device=device
     )
     qi, kj = qpos[:, :, None], kpos[:, None, :]
-    if causal:
-        mask = (kj <= qi) & (kj > qi - window)
-    else:
-        mask = (qi - kj).abs() <= window // 2
+    mask = window_rule(qi, kj, window, causal)
     mask &= (kj >= g) & (kj < L)  # real keys only; global keys are added separately
 
     if g:  # every chunk also sees the g global keys
