@@ -1,0 +1,1 @@
+"""attn_nlp: encoder-decoder Transformer, generation, Marian weights, LM and classifier."""

@@ -1,0 +1,1 @@
+"""attn_vision: ViT, Swin and channel/spatial attention on attn_core."""
