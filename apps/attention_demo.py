@@ -15,7 +15,6 @@ import json
 import time
 
 import torch
-
 from attn_core import (
     AttentionBackendError,
     KVCache,
@@ -139,7 +138,7 @@ def report(res: dict) -> None:
         f"Hkv={c['num_kv_heads']} with RoPE"
     )
     print(
-        f"   prefill {c['prefill']} tokens + {c['decode_steps']} single-token steps, "
+        f"   prefill: {c['prefill']} tokens at once, then {c['decode_steps']} steps of 1 token; "
         f"cache (B, Hkv, L, hd) = {tuple(c['cache_shape'])}"
     )
     print(f"   KV-cache decoding vs full causal forward: max|diff| = {c['max_abs_diff']:.1e}")

@@ -93,6 +93,17 @@ def test_attention_matches_reference_on_every_backend(backend, case):
     assert attn_core.last_backend() == (backend or "sdpa")
 
 
+def test_cross_attention_shapes_match_torch_sdpa():
+    # Lq != Lk and Dv != D, as in encoder-decoder cross-attention
+    q, k, v = torch.randn(2, 4, 5, 8), torch.randn(2, 4, 9, 8), torch.randn(2, 4, 9, 12)
+    mask = torch.rand(2, 1, 5, 9) > 0.3
+    mask[..., 0] = True
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert_close(scaled_dot_product_attention(q, k, v, mask)[0], ref)
+    for backend in CPU_BACKENDS:
+        assert_close(attention(q, k, v, attn_mask=mask, backend=backend), ref, atol=1e-5, rtol=1e-5)
+
+
 def test_gqa_matches_torch_sdpa_with_expanded_heads():
     q, k, v = qkv(H=8, Hkv=2, Lq=7, Lk=7)
     ref = F.scaled_dot_product_attention(

@@ -107,3 +107,13 @@ def test_drop_path_keeps_expectation():
     assert set(out.unique().tolist()) <= {0.0, torch.tensor(1 / 0.75).item()}
     assert abs(out.mean().item() - 1.0) < 0.03
     assert torch.equal(dp.eval()(x), x)
+
+
+@pytest.mark.slow
+def test_block_compiles_without_graph_breaks():
+    block = TransformerBlock(32, 4, num_kv_heads=2).eval()
+    x = torch.randn(2, 8, 32)
+    kpm = masks.padding_mask([8, 5])
+    compiled = torch.compile(block, fullgraph=True)  # fullgraph: any graph break raises
+    with torch.no_grad():
+        assert_close(compiled(x, key_padding_mask=kpm), block(x, key_padding_mask=kpm), **TOL)

@@ -95,22 +95,17 @@ def last_backend() -> str | None:
     return _last
 
 
-@functools.cache
-def _flash_attn_installed() -> bool:
-    return importlib.util.find_spec("flash_attn") is not None
-
-
-@functools.cache
-def _flex_installed() -> bool:
-    return importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
+# Looked up once at import (plain constants keep torch.compile graphs free of breaks).
+_HAS_FLASH_ATTN = importlib.util.find_spec("flash_attn") is not None
+_HAS_FLEX = importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
 
 
 def available_backends() -> list[str]:
     """Backends importable in this environment (whether one serves a call depends on it)."""
     names = ["math", "sdpa"]
-    if _flash_attn_installed():
+    if _HAS_FLASH_ATTN:
         names.append("flash_attn")
-    if _flex_installed():
+    if _HAS_FLEX:
         names.append("flex")
     return names
 
@@ -120,7 +115,7 @@ def _why_not(
 ) -> str | None:
     """Why backend ``name`` cannot serve this call, or None if it can."""
     if name == "flash_attn":
-        if not _flash_attn_installed():
+        if not _HAS_FLASH_ATTN:
             return "the flash_attn package is not installed"
         if not q.is_cuda:
             return "flash_attn needs CUDA tensors"
@@ -133,7 +128,7 @@ def _why_not(
         if q.shape[-1] > 256:
             return f"flash_attn supports head dims up to 256, got {q.shape[-1]}"
     if name == "flex":
-        if not _flex_installed():
+        if not _HAS_FLEX:
             return "torch.nn.attention.flex_attention is not available in this torch"
         if dropout_p > 0.0:
             return "flex does not support dropout"
@@ -291,7 +286,7 @@ def attention(
             raise AttentionBackendError(
                 f"attention backend {name!r} cannot serve this call: {reason}"
             )
-    elif _flash_attn_installed() and not _why_not(
+    elif _HAS_FLASH_ATTN and not _why_not(
         "flash_attn", q, Lk, user_mask, is_causal, dropout_p
     ):
         name = "flash_attn"
@@ -338,13 +333,14 @@ def attention(
         out = out.masked_fill(dead, 0.0)
         if weights is not None:
             weights = weights.masked_fill(dead, 0.0)
-    _last = name
-    if logger.isEnabledFor(logging.DEBUG):
-        logger.debug(
-            "attention backend=%s q=%s k=%s mask=%s",
-            name,
-            tuple(q.shape),
-            tuple(k.shape),
-            mask is not None,
-        )
+    if not torch.compiler.is_compiling():  # bookkeeping stays out of compiled graphs
+        _last = name
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "attention backend=%s q=%s k=%s mask=%s",
+                name,
+                tuple(q.shape),
+                tuple(k.shape),
+                mask is not None,
+            )
     return (out, weights) if need_weights else out

@@ -1,0 +1,231 @@
+"""Vision Transformer (Dosovitskiy et al. 2020), built from attn_core blocks.
+
+Shape legend: ``B`` batch, ``C`` channels, ``H`` / ``W`` image size, ``p`` patch size,
+``gh, gw`` patch grid, ``L = gh * gw`` patches, ``P`` prefix tokens (1 with a class
+token, else 0), ``N = P + L`` tokens, ``D`` embed dim, ``Hd`` heads, ``K`` classes.
+
+Parameter names are timm's (``cls_token``, ``pos_embed``, ``patch_embed.proj``,
+``norm_pre``, ``blocks.{i}.norm1`` / ``attn.qkv`` / ``attn.proj`` / ``norm2`` /
+``mlp.fc1`` / ``mlp.fc2``, ``norm``, ``fc_norm``, ``head``), so timm checkpoints load
+with a near-identity converter (:func:`attn_vision.convert.convert_timm_vit`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.utils.checkpoint
+from attn_core import TransformerBlock
+from torch import nn
+
+from .patch_embed import PatchEmbed, resample_abs_pos_embed, to_2tuple
+
+__all__ = ["ViTConfig", "VisionTransformer"]
+
+
+@dataclass
+class ViTConfig:
+    """Architecture of a :class:`VisionTransformer` (field names follow timm's kwargs)."""
+
+    img_size: int | tuple[int, int] = 224  # image size the position embedding is laid out for
+    patch_size: int = 16  # side of the square patches
+    in_chans: int = 3  # input image channels
+    num_classes: int = 1000  # classifier outputs; 0 = no head (forward returns pooled features)
+    global_pool: str = "token"  # "token" (class token), "avg" (mean of patch tokens) or ""
+    embed_dim: int = 768  # token width D
+    depth: int = 12  # transformer blocks
+    num_heads: int = 12  # attention heads per block
+    mlp_ratio: float = 4.0  # MLP hidden width = mlp_ratio * D
+    qkv_bias: bool = True  # biases in the attention projections
+    class_token: bool = True  # prepend a learned [CLS] token
+    no_embed_class: bool = False  # position embedding covers only the patches (DeiT-3 style)
+    pre_norm: bool = False  # LayerNorm before the blocks (CLIP's ln_pre; timm's norm_pre)
+    final_norm: bool = True  # LayerNorm after the blocks
+    fc_norm: bool | None = None  # norm after pooling instead of before; None = (pool == "avg")
+    norm_eps: float = 1e-6  # LayerNorm epsilon (1e-6 for timm ViTs, 1e-5 for CLIP towers)
+    act: str = "gelu"  # MLP activation: "gelu", "quick_gelu" (OpenAI CLIP), ...
+    init_values: float | None = None  # LayerScale init; None = no layer scale
+    dynamic_img_size: bool = True  # accept any size divisible by the patch (pos-embed resampled)
+    drop_rate: float = 0.0  # dropout before the classifier
+    pos_drop_rate: float = 0.0  # dropout after adding the position embedding
+    proj_drop_rate: float = 0.0  # dropout on each block's branch outputs
+    attn_drop_rate: float = 0.0  # dropout on the attention weights
+    drop_path_rate: float = 0.0  # stochastic depth, linearly increasing to this value
+
+    def __post_init__(self) -> None:
+        if self.global_pool not in ("token", "avg", ""):
+            raise ValueError(f"global_pool must be 'token', 'avg' or '', got {self.global_pool!r}")
+        if self.global_pool == "token" and not self.class_token:
+            raise ValueError("global_pool='token' needs class_token=True")
+        if self.embed_dim % self.num_heads:
+            raise ValueError(
+                f"embed_dim ({self.embed_dim}) must be divisible by num_heads ({self.num_heads})"
+            )
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return 1 if self.class_token else 0
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        h, w = to_2tuple(self.img_size)
+        p = self.patch_size
+        return h // p, w // p
+
+
+class VisionTransformer(nn.Module):
+    """ViT: patch embedding, [CLS] + position embedding, pre-norm blocks, pool, head."""
+
+    def __init__(self, config: ViTConfig | None = None, **kwargs) -> None:
+        super().__init__()
+        config = config if config is not None else ViTConfig(**kwargs)
+        self.config = c = config
+        D = c.embed_dim
+        norm_layer = partial(nn.LayerNorm, eps=c.norm_eps)
+        use_fc_norm = c.global_pool == "avg" if c.fc_norm is None else c.fc_norm
+        self.num_classes = c.num_classes
+        self.num_prefix_tokens = c.num_prefix_tokens
+        self.num_features = D
+        self.grad_checkpointing = False
+
+        self.patch_embed = PatchEmbed(
+            c.img_size,
+            c.patch_size,
+            c.in_chans,
+            D,
+            bias=not c.pre_norm,  # CLIP-style towers have no patch bias
+            strict_img_size=not c.dynamic_img_size,
+            output_fmt="NHWC",
+        )
+        num_patches = self.patch_embed.num_patches
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if c.class_token else None
+        embed_len = num_patches if c.no_embed_class else num_patches + self.num_prefix_tokens
+        self.pos_embed = nn.Parameter(torch.zeros(1, embed_len, D))
+        self.pos_drop = nn.Dropout(c.pos_drop_rate)
+        self.norm_pre = norm_layer(D) if c.pre_norm else nn.Identity()
+
+        dpr = torch.linspace(0, c.drop_path_rate, c.depth).tolist()
+        self.blocks = nn.Sequential(
+            *[
+                TransformerBlock(
+                    D,
+                    c.num_heads,
+                    c.mlp_ratio,
+                    bias=c.qkv_bias,
+                    act=c.act,
+                    dropout=c.proj_drop_rate,
+                    attn_dropout=c.attn_drop_rate,
+                    drop_path=dpr[i],
+                    layer_scale=c.init_values,
+                    norm_layer=norm_layer,
+                )
+                for i in range(c.depth)
+            ]
+        )
+        self.norm = norm_layer(D) if c.final_norm and not use_fc_norm else nn.Identity()
+        self.fc_norm = norm_layer(D) if c.final_norm and use_fc_norm else nn.Identity()
+        self.head_drop = nn.Dropout(c.drop_rate)
+        self.head = nn.Linear(D, c.num_classes) if c.num_classes > 0 else nn.Identity()
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """timm's default init: truncated normal (std 0.02) Linear / pos-embed, tiny [CLS]."""
+        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        if self.cls_token is not None:
+            nn.init.normal_(self.cls_token, std=1e-6)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each block's activations in backward instead of storing them."""
+        self.grad_checkpointing = enable
+
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """Replace the head with a fresh ``num_classes``-way Linear (0 = no head)."""
+        if global_pool is not None:
+            if global_pool not in ("token", "avg", ""):
+                raise ValueError(f"global_pool must be 'token', 'avg' or '', got {global_pool!r}")
+            if global_pool == "token" and self.cls_token is None:
+                raise ValueError("global_pool='token' needs a class token")
+            self.config.global_pool = global_pool
+        self.num_classes = self.config.num_classes = num_classes
+        ref = self.pos_embed
+        self.head = (
+            nn.Linear(self.num_features, num_classes).to(ref.device, ref.dtype)
+            if num_classes > 0
+            else nn.Identity()
+        )
+
+    def _pos_embed(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, gh, gw, D)`` patch tokens -> ``(B, N, D)`` with [CLS] and positions added."""
+        B, gh, gw, D = x.shape
+        pos_embed = resample_abs_pos_embed(  # a no-op at the trained grid size
+            self.pos_embed,
+            (gh, gw),
+            self.patch_embed.grid_size,
+            num_prefix_tokens=0 if self.config.no_embed_class else self.num_prefix_tokens,
+        )
+        x = x.reshape(B, gh * gw, D)  # (B, L, D)
+        cls = [self.cls_token.expand(B, -1, -1)] if self.cls_token is not None else []
+        if self.config.no_embed_class:
+            x = torch.cat(cls + [x + pos_embed], dim=1)
+        else:
+            x = torch.cat(cls + [x], dim=1) + pos_embed
+        return self.pos_drop(x)  # (B, N, D)
+
+    def _embed(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, C, H, W)`` image -> ``(B, N, D)`` tokens entering the first block."""
+        return self.norm_pre(self._pos_embed(self.patch_embed(x)))
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, C, H, W)`` -> ``(B, N, D)`` final (normed) tokens."""
+        x = self._embed(x)
+        for blk in self.blocks:
+            if self.grad_checkpointing and torch.is_grad_enabled():
+                x = torch.utils.checkpoint.checkpoint(blk, x, use_reentrant=False)
+            else:
+                x = blk(x)
+        return self.norm(x)
+
+    def pool(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, N, D)`` -> ``(B, D)`` ([CLS] token or mean of patch tokens); ``""`` = no pool."""
+        if self.config.global_pool == "token":
+            return x[:, 0]
+        if self.config.global_pool == "avg":
+            return x[:, self.num_prefix_tokens :].mean(dim=1)
+        return x
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """``(B, N, D)`` tokens -> ``(B, K)`` logits (or ``(B, D)`` with ``pre_logits``)."""
+        x = self.head_drop(self.fc_norm(self.pool(x)))
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, C, H, W)`` -> ``(B, K)`` logits."""
+        return self.forward_head(self.forward_features(x))
+
+    @torch.no_grad()
+    def get_attention_maps(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Per-layer attention weights for visualisation: ``depth`` tensors ``(B, Hd, N, N)``.
+
+        Row ``i`` of layer ``l`` is the softmax distribution of query token ``i`` over all
+        keys (token 0 is [CLS] when there is one; the rest are patches in row-major
+        order on the ``gh x gw`` grid). Computed with attn_core's ``math`` backend, the
+        one that returns weights.
+        """
+        maps = []
+        x = self._embed(x)
+        for blk in self.blocks:
+            _, weights = blk.attn(blk.norm1(x), need_weights=True)
+            maps.append(weights)
+            x = blk(x)
+        return maps
