@@ -187,13 +187,15 @@ def test_module_shape_and_gradients(causal):
             assert p.grad.abs().sum() > 0, name
 
 
-def test_causal_module_ignores_future():
+@pytest.mark.parametrize("future_scale", [1.0, 5.0, 20.0])
+def test_causal_module_ignores_future(future_scale):
+    # large future tokens once leaked into the past through the Performer key stabiliser
     x = torch.randn(2, 10, 16)
     x2 = x.clone()
-    x2[:, 6:] = torch.randn(2, 4, 16)
+    x2[:, 6:] = torch.randn(2, 4, 16) * future_scale
     for mod in _modules(causal=True):
         mod.eval()
-        torch.testing.assert_close(mod(x)[:, :6], mod(x2)[:, :6])
+        torch.testing.assert_close(mod(x)[:, :6], mod(x2)[:, :6], atol=0, rtol=0)
         assert not torch.allclose(mod(x)[:, 6:], mod(x2)[:, 6:])
 
 

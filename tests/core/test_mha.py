@@ -111,6 +111,19 @@ def test_kv_cache_decoding_equals_full_causal_forward(num_kv_heads, interleaved)
     assert_close(torch.cat(steps, dim=1), full, **TOL)
 
 
+def test_passing_query_as_key_and_value_is_self_attention():
+    mha = MultiHeadAttention(32, 4, rope=True).eval()
+    x = torch.randn(2, 5, 32)
+    assert_close(mha(x, x)[0], mha(x)[0])
+    assert_close(mha(x, x, x, is_causal=True)[0], mha(x, is_causal=True)[0])
+    cache = KVCache()
+    prompt, new = x[:, :3], x[:, 3:]
+    mha(prompt, prompt, prompt, is_causal=True, kv_cache=cache)
+    step, _ = mha(new, new, new, is_causal=True, kv_cache=cache)
+    assert cache.seq_len == 5
+    assert_close(step, mha(x, is_causal=True)[0][:, 3:], **TOL)
+
+
 def test_cross_attention_cache_is_filled_once_and_reused():
     mha = MultiHeadAttention(32, 4).eval()
     mem, q = torch.randn(2, 5, 32), torch.randn(2, 3, 32)

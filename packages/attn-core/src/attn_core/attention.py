@@ -286,9 +286,7 @@ def attention(
             raise AttentionBackendError(
                 f"attention backend {name!r} cannot serve this call: {reason}"
             )
-    elif _HAS_FLASH_ATTN and not _why_not(
-        "flash_attn", q, Lk, user_mask, is_causal, dropout_p
-    ):
+    elif _HAS_FLASH_ATTN and not _why_not("flash_attn", q, Lk, user_mask, is_causal, dropout_p):
         name = "flash_attn"
     else:
         name = "sdpa"

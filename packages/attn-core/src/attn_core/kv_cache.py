@@ -36,6 +36,11 @@ class KVCache:
 
     def update(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append ``(B, Hkv, L_new, D)`` keys/values; return everything cached so far."""
+        if key.shape[:-1] != value.shape[:-1]:
+            raise ValueError(
+                f"keys {tuple(key.shape)} and values {tuple(value.shape)} must agree on "
+                "(B, Hkv, L_new)"
+            )
         if self.key is None or self.value is None:
             self.key, self.value = key, value
         else:

@@ -65,6 +65,12 @@ def linear_attention(
     compute = torch.float32 if dtype in _HALF else dtype
     q, k, v = q.to(compute), k.to(compute), v.to(compute)
     if key_padding_mask is not None:
+        if key_padding_mask.dtype != torch.bool or key_padding_mask.shape != q.shape[::2]:
+            raise ValueError(
+                "linear attention needs a bool key_padding_mask (B, L) = "
+                f"{tuple(q.shape[::2])} (True = padding), got {key_padding_mask.dtype} "
+                f"{tuple(key_padding_mask.shape)}"
+            )
         k = k.masked_fill(key_padding_mask[:, None, :, None], 0.0)
 
     if causal:
@@ -102,7 +108,12 @@ def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
 
 
 def favor_features(
-    x: torch.Tensor, projection: torch.Tensor, *, is_query: bool, eps: float = 1e-6
+    x: torch.Tensor,
+    projection: torch.Tensor,
+    *,
+    is_query: bool,
+    eps: float = 1e-6,
+    causal: bool = False,
 ) -> torch.Tensor:
     """FAVOR+ positive random features ``(..., L, m)`` of ``x`` ``(..., L, D)``.
 
@@ -110,7 +121,10 @@ def favor_features(
     cancels in the normalisation. ``projection`` is ``(m, D)`` (see
     :func:`orthogonal_random_features`). The stabiliser subtracted before ``exp`` is the
     row max for queries and the max over all keys of a sequence (the last two dims) for
-    keys, as in the Performer reference code. Computed in float32 for half inputs.
+    keys, as in the Performer reference code. That key maximum would let future keys
+    change past outputs (through ``eps`` and underflow), so with ``causal=True`` keys use
+    the data-independent bound ``max_i |w_i|^2 / 2`` (``w . x - |x|^2 / 2`` never
+    exceeds it) and no ``eps``. Computed in float32 for half inputs.
     """
     dtype = x.dtype
     x = x.float() if dtype in _HALF else x
@@ -120,6 +134,9 @@ def favor_features(
     sq_norm = x.pow(2).sum(dim=-1, keepdim=True) / 2  # (..., L, 1)
     if is_query:
         stabiliser = proj.amax(dim=-1, keepdim=True)
+    elif causal:
+        stabiliser = projection.to(x.dtype).pow(2).sum(dim=-1).amax() / 2
+        eps = 0.0
     else:
         stabiliser = proj.amax(dim=(-2, -1), keepdim=True)
     phi = (torch.exp(proj - sq_norm - stabiliser.detach()) + eps) / math.sqrt(m)
@@ -166,6 +183,7 @@ class _KernelAttention(nn.Module):
         self.head_dim = embed_dim // num_heads
         self.causal = causal
         self.eps = 1e-6
+        self.den_eps = 1e-6  # clamp for the normaliser phi(q) . sum phi(k)
         self.qkv = nn.Linear(embed_dim, 3 * embed_dim, bias=bias)
         self.proj = nn.Linear(embed_dim, embed_dim, bias=bias)
 
@@ -186,7 +204,7 @@ class _KernelAttention(nn.Module):
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, H, L, D)
         q, k = self.feature_maps(q, k)
         out = linear_attention(
-            q, k, v, causal=self.causal, key_padding_mask=key_padding_mask, eps=self.eps
+            q, k, v, causal=self.causal, key_padding_mask=key_padding_mask, eps=self.den_eps
         )
         return self.proj(out.transpose(1, 2).reshape(B, L, E))
 
@@ -204,7 +222,7 @@ class LinearAttention(_KernelAttention):
         eps: float = 1e-6,
     ) -> None:
         super().__init__(embed_dim, num_heads, causal=causal, bias=bias)
-        self.eps = eps
+        self.eps = self.den_eps = eps
 
     def feature_maps(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return elu_feature_map(q), elu_feature_map(k)
@@ -233,6 +251,8 @@ class PerformerAttention(_KernelAttention):
         self.num_features = num_features
         self.redraw = redraw
         self.register_buffer("projection", orthogonal_random_features(num_features, self.head_dim))
+        if causal:  # causal key features carry no eps and can be tiny (see favor_features)
+            self.den_eps = 1e-30
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, num_features={self.num_features}, redraw={self.redraw}"
@@ -251,5 +271,5 @@ class PerformerAttention(_KernelAttention):
             q, k = q.float(), k.float()
         return (
             favor_features(q, self.projection, is_query=True, eps=self.eps),
-            favor_features(k, self.projection, is_query=False, eps=self.eps),
+            favor_features(k, self.projection, is_query=False, eps=self.eps, causal=self.causal),
         )

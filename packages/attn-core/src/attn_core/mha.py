@@ -155,7 +155,8 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attend from ``query`` ``(B, Lq, E)`` to ``key``/``value`` ``(B, Lk, kdim/vdim)``.
 
-        ``key=None`` means self-attention (and ``value=None`` means ``value = key``).
+        ``key=None`` (or ``key`` and ``value`` being ``query`` itself) means
+        self-attention; ``value=None`` means ``value = key``.
         Masks follow the attn_core convention (attn_mask bool True = may attend,
         key_padding_mask bool True = padding) and cover every key, cached ones included.
         With ``kv_cache``, self-attention appends this step's keys/values (RoPE
@@ -169,7 +170,10 @@ class MultiHeadAttention(nn.Module):
                 f"query must be (B, Lq, embed_dim) = (B, Lq, {self.embed_dim}), "
                 f"got {tuple(query.shape)}"
             )
-        self_attn = key is None
+        # mha(x), mha(x, x) and mha(x, x, x) are all self-attention (RoPE, cache appends)
+        self_attn = key is None or (key is query and (value is None or value is query))
+        if self_attn:
+            key = value = None
         if self_attn and not self.fused_qkv:
             raise ValueError("kdim/vdim differ from embed_dim: pass key and value explicitly")
         value = key if value is None else value

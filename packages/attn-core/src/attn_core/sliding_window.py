@@ -66,6 +66,8 @@ def sliding_window_attention(
         raise ValueError(f"global_tokens must be >= 0, got {global_tokens}")
     B, H, L, D = q.shape
     g = min(global_tokens, L)
+    if H % k.shape[1] or k.shape[1] != v.shape[1]:
+        raise ValueError(f"query heads ({H}) must be a multiple of key/value heads ({k.shape[1]})")
     if k.shape[1] != H:  # GQA: share key/value heads across their query-head group
         k = k.repeat_interleave(H // k.shape[1], dim=1)
         v = v.repeat_interleave(H // v.shape[1], dim=1)
