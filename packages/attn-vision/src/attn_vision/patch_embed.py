@@ -84,7 +84,9 @@ class PatchEmbed(nn.Module):
             )
         _, C, H, W = x.shape
         if C != self.in_chans:
-            raise ValueError(f"expected {self.in_chans} input channels, got {C} (shape {tuple(x.shape)})")
+            raise ValueError(
+                f"expected {self.in_chans} input channels, got {C} (shape {tuple(x.shape)})"
+            )
         if self.strict_img_size and (H, W) != self.img_size:
             raise ValueError(
                 f"expected a {self.img_size[0]}x{self.img_size[1]} image, got {H}x{W}; build the "

@@ -42,6 +42,7 @@ class ViTConfig:
     class_token: bool = True  # prepend a learned [CLS] token
     no_embed_class: bool = False  # position embedding covers only the patches (DeiT-3 style)
     pre_norm: bool = False  # LayerNorm before the blocks (CLIP's ln_pre; timm's norm_pre)
+    patch_bias: bool | None = None  # bias in the patch projection; None = not pre_norm (timm)
     final_norm: bool = True  # LayerNorm after the blocks
     fc_norm: bool | None = None  # norm after pooling instead of before; None = (pool == "avg")
     norm_eps: float = 1e-6  # LayerNorm epsilon (1e-6 for timm ViTs, 1e-5 for CLIP towers)
@@ -76,9 +77,15 @@ class ViTConfig:
 
 
 class VisionTransformer(nn.Module):
-    """ViT: patch embedding, [CLS] + position embedding, pre-norm blocks, pool, head."""
+    """ViT: patch embedding, [CLS] + position embedding, pre-norm blocks, pool, head.
 
-    def __init__(self, config: ViTConfig | None = None, **kwargs) -> None:
+    Build from a config (or its fields as keyword arguments). ``weight_init=False`` skips
+    the random init, for weights that are loaded right after.
+    """
+
+    def __init__(
+        self, config: ViTConfig | None = None, *, weight_init: bool = True, **kwargs
+    ) -> None:
         super().__init__()
         config = config if config is not None else ViTConfig(**kwargs)
         self.config = c = config
@@ -95,7 +102,7 @@ class VisionTransformer(nn.Module):
             c.patch_size,
             c.in_chans,
             D,
-            bias=not c.pre_norm,  # CLIP-style towers have no patch bias
+            bias=not c.pre_norm if c.patch_bias is None else c.patch_bias,
             strict_img_size=not c.dynamic_img_size,
             output_fmt="NHWC",
         )
@@ -106,7 +113,7 @@ class VisionTransformer(nn.Module):
         self.pos_drop = nn.Dropout(c.pos_drop_rate)
         self.norm_pre = norm_layer(D) if c.pre_norm else nn.Identity()
 
-        dpr = torch.linspace(0, c.drop_path_rate, c.depth).tolist()
+        dpr = torch.linspace(0, c.drop_path_rate, c.depth, device="cpu").tolist()
         self.blocks = nn.Sequential(
             *[
                 TransformerBlock(
@@ -128,7 +135,8 @@ class VisionTransformer(nn.Module):
         self.fc_norm = norm_layer(D) if c.final_norm and use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(c.drop_rate)
         self.head = nn.Linear(D, c.num_classes) if c.num_classes > 0 else nn.Identity()
-        self.init_weights()
+        if weight_init:  # skipped when weights are about to be loaded anyway
+            self.init_weights()
 
     @torch.no_grad()
     def init_weights(self) -> None:

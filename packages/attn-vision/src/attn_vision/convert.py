@@ -1,0 +1,140 @@
+"""Converters from timm checkpoints to attn_vision state dicts: one pure function per family.
+
+Each converter takes a timm-format ``state_dict`` and the target model's config and
+returns a new state dict that ``model.load_state_dict(..., strict=True)`` accepts. It
+never touches a model: the expected keys and shapes come from building the model on
+the ``meta`` device. Anything that does not line up -- missing keys, unexpected keys,
+wrong shapes -- raises ``ValueError`` listing all of them (plus a hint where one helps,
+e.g. ``num_classes=`` for a head of another size).
+
+Fixes applied, as timm applies them when it loads its own checkpoints:
+
+* ViT: a position embedding laid out for another grid is resampled (bicubic,
+  antialiased) to the model's ``img_size``; the unused ``pre_logits`` layer is dropped.
+* Swin: non-persistent buffers (``relative_position_index``, ``attn_mask``) are
+  dropped; the original Microsoft layout (patch merging at the *end* of a stage) is
+  re-indexed to timm's (at the *start*); ``head.fc`` becomes ``head``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+
+import torch
+from torch import nn
+
+from .patch_embed import resample_abs_pos_embed
+from .resnet import ResNet, ResNetConfig
+from .swin import SwinConfig, SwinTransformer
+from .vit import VisionTransformer, ViTConfig
+
+__all__ = [
+    "check_state_dict",
+    "convert_timm_resnet",
+    "convert_timm_swin",
+    "convert_timm_vit",
+    "expected_state_dict_shapes",
+]
+
+StateDict = dict[str, torch.Tensor]
+
+
+def _unwrap(state_dict: Mapping[str, object]) -> StateDict:
+    """``{"state_dict": sd}`` / ``{"model": sd}`` -> ``sd``."""
+    for key in ("state_dict", "model"):
+        inner = state_dict.get(key)
+        if isinstance(inner, Mapping):
+            state_dict = inner
+    return dict(state_dict)
+
+
+def expected_state_dict_shapes(
+    model_cls: Callable[..., nn.Module], config: object
+) -> dict[str, torch.Size]:
+    """Keys and shapes of ``model_cls(config).state_dict()``, built cheaply on ``meta``."""
+    with torch.device("meta"):
+        model = model_cls(config)
+    return {k: v.shape for k, v in model.state_dict().items()}
+
+
+def _first(items: list[str], sep: str = ", ", n: int = 20) -> str:
+    more = f"{sep}... and {len(items) - n} more" if len(items) > n else ""
+    return sep.join(items[:n]) + more
+
+
+def check_state_dict(
+    state_dict: StateDict, expected: Mapping[str, torch.Size], source: str
+) -> None:
+    """Raise ``ValueError`` listing every missing / unexpected key and shape mismatch."""
+    missing = sorted(set(expected) - set(state_dict))
+    unexpected = sorted(set(state_dict) - set(expected))
+    mismatched = [
+        f"{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(expected[k])}"
+        for k in expected
+        if k in state_dict and tuple(state_dict[k].shape) != tuple(expected[k])
+    ]
+    if not (missing or unexpected or mismatched):
+        return
+    lines = [f"{source} checkpoint does not match the model:"]
+    if missing:
+        lines.append(f"  missing keys ({len(missing)}): {_first(missing)}")
+    if unexpected:
+        lines.append(f"  unexpected keys ({len(unexpected)}): {_first(unexpected)}")
+    if mismatched:
+        lines.append(f"  shape mismatches ({len(mismatched)}): {_first(mismatched, '; ')}")
+    for head in ("head.weight", "fc.weight"):
+        if head in state_dict and head in expected and state_dict[head].shape != expected[head]:
+            n = state_dict[head].shape[0]
+            lines.append(
+                f"  hint: the checkpoint's classifier has {n} classes; pass num_classes={n}"
+            )
+    if any(k.startswith("blocks.") or k.startswith("layers.") for k in missing + unexpected):
+        lines.append("  hint: does depth / depths match the checkpoint?")
+    raise ValueError("\n".join(lines))
+
+
+def convert_timm_vit(state_dict: Mapping[str, torch.Tensor], config: ViTConfig) -> StateDict:
+    """timm ``VisionTransformer`` state dict -> :class:`~attn_vision.vit.VisionTransformer`."""
+    expected = expected_state_dict_shapes(VisionTransformer, config)
+    out: StateDict = {}
+    for k, v in _unwrap(state_dict).items():
+        if k.startswith("pre_logits."):
+            continue  # representation layer of old in21k checkpoints; unused (timm drops it too)
+        if k == "pos_embed" and k in expected and v.shape != expected[k]:
+            v = resample_abs_pos_embed(
+                v,
+                config.grid_size,
+                num_prefix_tokens=0 if config.no_embed_class else config.num_prefix_tokens,
+            )
+        out[k] = v
+    check_state_dict(out, expected, "timm ViT")
+    return out
+
+
+def convert_timm_swin(state_dict: Mapping[str, torch.Tensor], config: SwinConfig) -> StateDict:
+    """timm (or original Microsoft) Swin state dict -> :class:`SwinTransformer`."""
+    expected = expected_state_dict_shapes(SwinTransformer, config)
+    state_dict = _unwrap(state_dict)
+    # the original release merges patches at the end of stage i; timm at the start of i + 1
+    ms_layout = "layers.0.downsample.reduction.weight" in state_dict
+    out: StateDict = {}
+    for k, v in state_dict.items():
+        if k.endswith(("relative_position_index", "attn_mask")):
+            continue  # buffers the model rebuilds
+        if ms_layout:
+            k = re.sub(
+                r"^layers\.(\d+)\.downsample", lambda m: f"layers.{int(m[1]) + 1}.downsample", k
+            )
+        elif k.startswith("head.fc."):
+            k = "head." + k[len("head.fc.") :]
+        out[k] = v
+    check_state_dict(out, expected, "timm Swin")
+    return out
+
+
+def convert_timm_resnet(state_dict: Mapping[str, torch.Tensor], config: ResNetConfig) -> StateDict:
+    """timm ``ResNet`` (BasicBlock) state dict -> :class:`ResNet` (the names are the same)."""
+    out = _unwrap(state_dict)
+    check_state_dict(out, expected_state_dict_shapes(ResNet, config), "timm ResNet")
+    return out
