@@ -1,3 +1,5 @@
+from functools import partial
+
 import pytest
 import torch
 from attn_core import FeedForward, KVCache, MultiHeadAttention, TransformerBlock, masks
@@ -117,3 +119,13 @@ def test_block_compiles_without_graph_breaks():
     compiled = torch.compile(block, fullgraph=True)  # fullgraph: any graph break raises
     with torch.no_grad():
         assert_close(compiled(x, key_padding_mask=kpm), block(x, key_padding_mask=kpm), **TOL)
+
+
+def test_need_weights_returns_self_attention_weights_and_same_output():
+    block = TransformerBlock(32, 4, qk_norm=True, norm_layer=partial(nn.LayerNorm, eps=1e-6)).eval()
+    assert block.attn.q_norm.eps == 1e-6  # qk_norm uses the block's norm layer, as timm
+    x = torch.randn(2, 5, 32)
+    out, w = block(x, need_weights=True, is_causal=True)
+    assert_close(out, block(x, is_causal=True), **TOL)
+    assert w.shape == (2, 4, 5, 5)
+    assert_close(w, block.attn(block.norm1(x), need_weights=True, is_causal=True)[1])

@@ -127,7 +127,8 @@ class TransformerBlock(nn.Module):
         drop_path: stochastic depth rate.
         layer_scale: LayerScale init value, or None for no layer scale.
         norm_layer: norm constructor taking the width (e.g. ``partial(nn.LayerNorm, eps=1e-6)``).
-        qk_norm, rope, backend: passed to :class:`MultiHeadAttention` (self-attention).
+        qk_norm: normalise queries and keys per head with ``norm_layer`` (as timm).
+        rope, backend: passed to :class:`MultiHeadAttention` (self-attention).
     """
 
     def __init__(
@@ -169,7 +170,7 @@ class TransformerBlock(nn.Module):
             num_kv_heads=num_kv_heads,
             dropout=attn_dropout,
             bias=bias,
-            qk_norm=qk_norm,
+            qk_norm=norm_layer if qk_norm else False,
             rope=rope,
             backend=backend,
         )
@@ -210,21 +211,29 @@ class TransformerBlock(nn.Module):
         context_key_padding_mask: torch.Tensor | None = None,
         kv_cache: KVCache | None = None,
         cross_kv_cache: KVCache | None = None,
-    ) -> torch.Tensor:
+        need_weights: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """``x`` ``(B, L, D)`` (and ``context`` ``(B, S, context_dim)``) -> ``(B, L, D)``.
 
         ``attn_mask`` / ``key_padding_mask`` / ``is_causal`` apply to self-attention,
         ``context_key_padding_mask`` to cross-attention (True = padding).
+        ``need_weights=True`` returns ``(x, weights)`` with the self-attention weights
+        ``(B, H, L, L)`` (computed by the ``math`` backend).
         """
 
+        weights = []
+
         def self_attn(h: torch.Tensor) -> torch.Tensor:
-            return self.attn(
+            out, w = self.attn(
                 h,
                 attn_mask=attn_mask,
                 key_padding_mask=key_padding_mask,
                 is_causal=is_causal,
+                need_weights=need_weights,
                 kv_cache=kv_cache,
-            )[0]
+            )
+            weights.append(w)
+            return out
 
         x = self._residual(x, self_attn, self.norm1, self.ls1, self.drop_path1)
         if self.cross_attn is not None:
@@ -240,4 +249,5 @@ class TransformerBlock(nn.Module):
                 )[0]
 
             x = self._residual(x, cross_attn, self.norm_cross, self.ls_cross, self.drop_path_cross)
-        return self._residual(x, self.mlp, self.norm2, self.ls2, self.drop_path2)
+        x = self._residual(x, self.mlp, self.norm2, self.ls2, self.drop_path2)
+        return (x, weights[0]) if need_weights else x

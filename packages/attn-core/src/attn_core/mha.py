@@ -11,6 +11,8 @@ Inputs are batch-first ``(B, L, E)``. The projections follow timm's names: one f
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -32,7 +34,8 @@ class MultiHeadAttention(nn.Module):
         dropout: dropout on the attention weights (training mode only).
         bias: biases in the input and output projections.
         kdim, vdim: widths of key / value inputs for cross-attention (default ``E``).
-        qk_norm: LayerNorm over the head width of queries and keys (ViT-22B style).
+        qk_norm: normalise queries and keys over the head width (ViT-22B style): ``True``
+            for ``nn.LayerNorm``, or a norm constructor such as ``partial(nn.LayerNorm, eps=1e-6)``.
         rope: a :class:`RotaryEmbedding` (or ``True`` for one over the full head width)
             applied to queries and keys in self-attention.
         backend: force an ``attention()`` backend for this layer.
@@ -48,7 +51,7 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         kdim: int | None = None,
         vdim: int | None = None,
-        qk_norm: bool = False,
+        qk_norm: bool | Callable[[int], nn.Module] = False,
         rope: RotaryEmbedding | bool | None = None,
         backend: str | None = None,
     ) -> None:
@@ -79,8 +82,9 @@ class MultiHeadAttention(nn.Module):
             self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
             self.k_proj = nn.Linear(self.kdim, kv_dim, bias=bias)
             self.v_proj = nn.Linear(self.vdim, kv_dim, bias=bias)
-        self.q_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
-        self.k_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
+        norm = nn.LayerNorm if qk_norm is True else qk_norm
+        self.q_norm = norm(self.head_dim) if norm else nn.Identity()
+        self.k_norm = norm(self.head_dim) if norm else nn.Identity()
         self.rope = RotaryEmbedding(self.head_dim) if rope is True else (rope or None)
         self.proj = nn.Linear(embed_dim, embed_dim, bias=bias)
 

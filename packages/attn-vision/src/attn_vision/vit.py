@@ -233,7 +233,6 @@ class VisionTransformer(nn.Module):
         maps = []
         x = self._embed(x)
         for blk in self.blocks:
-            _, weights = blk.attn(blk.norm1(x), need_weights=True)
+            x, weights = blk(x, need_weights=True)
             maps.append(weights)
-            x = blk(x)
         return maps
