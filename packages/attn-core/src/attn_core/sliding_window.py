@@ -3,18 +3,18 @@
 Shape legend: ``B`` batch, ``H`` heads, ``L`` sequence length, ``D`` head width,
 ``c`` chunk length, ``N = ceil(L / c)`` chunks, ``K`` keys visible to one chunk.
 
-The sequence is cut into chunks of ``c`` queries. Every query of a chunk can only see
-keys in its own chunk and its neighbours (one chunk back when causal, one back and one
-ahead otherwise), so each chunk attends to ``K = 2c`` or ``3c`` keys through the
-ordinary ``attention()`` entry point, with a small ``(N, c, K)`` mask that encodes the
-exact window. Scores take ``B * H * L * K`` memory instead of ``B * H * L * L``.
-The window rule is the one of :func:`attn_core.masks.sliding_window_mask`.
+The sequence is cut into chunks of ``c`` queries. A chunk's queries can only see the
+``K = c + window`` keys around it (``window - 1`` before it when causal, ``window // 2``
+on each side otherwise), which are overlapping, zero-copy views of the keys. Every chunk
+then runs through the ordinary ``attention()`` entry point with one shared ``(c, K)``
+mask of the window rule; only the few chunks at the edges (sequence ends, global
+tokens) get a mask of their own. Scores take ``B * H * L * K`` memory instead of
+``B * H * L * L``. The rule is the one of :func:`attn_core.masks.sliding_window_mask`.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from .attention import attention
 from .masks import window_rule
@@ -22,11 +22,13 @@ from .masks import window_rule
 __all__ = ["sliding_window_attention"]
 
 
-def _chunk_windows(x: torch.Tensor, c: int, n: int, back: int, ahead: int) -> torch.Tensor:
-    """``(B, H, L, D)`` -> ``(B, H, N, (back + 1 + ahead) * c, D)``: each chunk's key window."""
+def _windows(x: torch.Tensor, start: int, c: int, n: int, K: int) -> torch.Tensor:
+    """Overlapping views ``(B*H, n, K, D)`` of ``x`` ``(B, H, L, D)``: window ``i`` holds rows
+    ``start + i*c .. start + i*c + K`` (all inside the sequence). No copy."""
     B, H, L, D = x.shape
-    x = F.pad(x, (0, 0, back * c, n * c - L + ahead * c)).view(B, H, n + back + ahead, c, D)
-    return torch.cat([x[:, :, i : i + n] for i in range(back + 1 + ahead)], dim=3)
+    x = x.contiguous().view(B * H, L, D)
+    s0, s1, s2 = x.stride()
+    return x.as_strided((B * H, n, K, D), (s0, c * s1, s1, s2), x.storage_offset() + start * s1)
 
 
 def sliding_window_attention(
@@ -39,6 +41,7 @@ def sliding_window_attention(
     global_tokens: int = 0,
     scale: float | None = None,
     backend: str | None = None,
+    chunk_size: int | None = None,
 ) -> torch.Tensor:
     """Self-attention restricted to a sliding window, with optional global tokens.
 
@@ -51,6 +54,9 @@ def sliding_window_attention(
             causal, see every key), as in Longformer.
         scale: score scale, default ``1 / sqrt(D)``.
         backend: forced ``attention()`` backend for the chunked call.
+        chunk_size: queries per chunk (default ``max(window // 8, 16)``); each chunk
+            attends to ``chunk_size + window`` keys, so smaller chunks waste fewer
+            masked scores but make smaller matrix products.
 
     Returns:
         ``(B, H, L, D)``, equal to dense attention with ``sliding_window_mask``.
@@ -72,33 +78,64 @@ def sliding_window_attention(
         k = k.repeat_interleave(H // k.shape[1], dim=1)
         v = v.repeat_interleave(H // v.shape[1], dim=1)
 
-    c = min(window if causal else max(window // 2, 1), max(L, 1))
-    back, ahead = (1, 0) if causal else (1, 1)
+    before = window - 1 if causal else window // 2  # keys a query sees before itself
+    after = 0 if causal else window // 2  # ... and after itself
+    c = max(1, min(chunk_size or max(window // 8, 16), L))
     n = -(-L // c)
-    qc = F.pad(q, (0, 0, 0, n * c - L)).view(B * H, n, c, D)  # (B*H, N, c, D)
-    kc = _chunk_windows(k, c, n, back, ahead).flatten(0, 1)  # (B*H, N, K, D)
-    vc = _chunk_windows(v, c, n, back, ahead).flatten(0, 1)
-
-    # Absolute positions of each chunk's queries (N, c) and window keys (N, K).
+    K = before + c + after  # keys in one chunk's window
+    Dv = v.shape[-1]
     device = q.device
-    qpos = torch.arange(n * c, device=device).view(n, c)
-    kpos = (torch.arange(n, device=device) * c - back * c)[:, None] + torch.arange(
-        (back + 1 + ahead) * c, device=device
-    )
-    qi, kj = qpos[:, :, None], kpos[:, None, :]
-    mask = window_rule(qi, kj, window, causal)
-    mask &= (kj >= g) & (kj < L)  # real keys only; global keys are added separately
 
-    if g:  # every chunk also sees the g global keys
-        kg = k[:, :, :g].flatten(0, 1)[:, None].expand(B * H, n, g, D)
-        vg = v[:, :, :g].flatten(0, 1)[:, None].expand(B * H, n, g, v.shape[-1])
-        kc, vc = torch.cat((kg, kc), dim=2), torch.cat((vg, vc), dim=2)
-        gmask = torch.arange(g, device=device)[None, None, :] <= qi if causal else None
-        gmask = torch.ones(n, c, g, dtype=torch.bool, device=device) if gmask is None else gmask
-        mask = torch.cat((gmask.expand(n, c, g), mask), dim=-1)
+    # The window rule depends only on (key - query) offsets, identical for every chunk:
+    # chunk i's query a sits at i*c + a and its key b at i*c - before + b.
+    a = torch.arange(c, device=device)[:, None]
+    b = torch.arange(K, device=device)[None, :]
+    pattern = window_rule(a + before, b, window, causal)  # (c, K)
 
-    out = attention(qc, kc, vc, attn_mask=mask[None], scale=scale, backend=backend)
-    out = out.reshape(B, H, n * c, -1)[:, :, :L]
+    # Interior chunks: every window key is a real, non-global token, so the windows are
+    # zero-copy views and one shared (c, K) mask serves them all.
+    lo = min(n, -(-(g + before) // c))
+    hi = max(lo, min(L // c, (L - K + before) // c + 1))
+    outs = []
+    if hi > lo:
+        qc = q.reshape(B * H, L, D)[:, lo * c : hi * c].reshape(B * H, hi - lo, c, D)
+        kw = _windows(k, lo * c - before, c, hi - lo, K)  # (B*H, hi - lo, K, D)
+        vw = _windows(v, lo * c - before, c, hi - lo, K)
+        if g:  # ... plus the g global keys, visible to every interior query
+            kw = torch.cat((k[:, :, :g].reshape(B * H, 1, g, D).expand(-1, hi - lo, -1, -1), kw), 2)
+            vw = torch.cat(
+                (v[:, :, :g].reshape(B * H, 1, g, Dv).expand(-1, hi - lo, -1, -1), vw), 2
+            )
+            pattern = torch.cat((pattern.new_ones(c, g), pattern), dim=-1)
+        inner = attention(qc, kw, vw, attn_mask=pattern, scale=scale, backend=backend)
+        outs.append((lo * c, inner.reshape(B, H, (hi - lo) * c, Dv)))
+
+    # Edge chunks (sequence ends, global tokens): gather their keys, mask each exactly.
+    edge = [i for i in range(n) if not lo <= i < hi]
+    if edge:
+        idx = torch.tensor(edge, device=device)
+        qpos = (idx[:, None] * c + a.T).clamp(max=L - 1)  # (n_edge, c)
+        kpos = idx[:, None] * c - before + b  # (n_edge, K)
+        mask = window_rule(qpos[:, :, None], kpos[:, None, :], window, causal)
+        mask &= ((kpos >= g) & (kpos < L))[:, None, :]  # (n_edge, c, K)
+        if g:
+            kpos = torch.cat((torch.arange(g, device=device).expand(len(edge), g), kpos), 1)
+            gvis = kpos[:, None, :g] <= qpos[:, :, None] if causal else mask.new_ones(1, 1, g)
+            mask = torch.cat((gvis.expand(len(edge), c, g), mask), dim=-1)
+        kpos = kpos.clamp(0, L - 1)
+        eq, ek, ev = q[:, :, qpos.flatten()], k[:, :, kpos.flatten()], v[:, :, kpos.flatten()]
+        edge_out = attention(
+            eq.reshape(B * H, len(edge), c, D),
+            ek.reshape(B * H, len(edge), -1, D),
+            ev.reshape(B * H, len(edge), -1, Dv),
+            attn_mask=mask[None],
+            scale=scale,
+            backend=backend,
+        ).reshape(B, H, len(edge), c, Dv)
+        for j, i in enumerate(edge):
+            outs.append((i * c, edge_out[:, :, j, : min(c, L - i * c)]))
+    outs.sort(key=lambda t: t[0])
+    out = torch.cat([o for _, o in outs], dim=2)  # (B, H, L, Dv)
     if g and not causal:  # global queries attend to the whole sequence
         glob = attention(q[:, :, :g], k, v, scale=scale, backend=backend)
         out = torch.cat((glob, out[:, :, g:]), dim=2)
