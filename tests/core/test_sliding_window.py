@@ -17,6 +17,18 @@ def test_equals_dense_attention_with_the_sliding_window_mask(causal, L, window, 
     assert_close(out, dense, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("chunk_size", [1, 3, 7, 64])
+@pytest.mark.parametrize("causal", [True, False])
+def test_any_chunk_size_gives_the_same_result(chunk_size, causal):
+    q, k, v = (torch.randn(1, 2, 45, 8) for _ in range(3))
+    mask = sliding_window_mask(45, 9, causal, global_tokens=2)
+    dense = attention(q, k, v, attn_mask=mask, backend="math")
+    out = sliding_window_attention(
+        q, k, v, 9, causal=causal, global_tokens=2, chunk_size=chunk_size
+    )
+    assert_close(out, dense, atol=1e-5, rtol=1e-5)
+
+
 def test_gqa_and_gradients():
     q = torch.randn(1, 4, 20, 8, requires_grad=True)
     k = torch.randn(1, 2, 20, 8, requires_grad=True)
