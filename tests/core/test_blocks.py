@@ -73,7 +73,7 @@ def test_decoder_block_cached_decoding_equals_full_forward(norm_first):
     assert_close(torch.cat(steps, dim=1), full, **TOL)
 
 
-@pytest.mark.parametrize("act", ["gelu", "gelu_tanh", "quick_gelu", "relu", "swiglu"])
+@pytest.mark.parametrize("act", ["gelu", "gelu_tanh", "quick_gelu", "relu", "silu", "swiglu"])
 def test_feedforward_activations(act):
     ff = FeedForward(16, 24, act=act)
     assert ff(torch.randn(3, 16)).shape == (3, 16)

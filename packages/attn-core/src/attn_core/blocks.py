@@ -34,6 +34,7 @@ ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
     "quick_gelu": QuickGELU,
     "relu": nn.ReLU,
+    "silu": nn.SiLU,  # a.k.a. swish (Marian, BART-family configs)
     "swiglu": nn.SiLU,  # gate activation of the gated (GLU) variant
 }
 
@@ -118,7 +119,8 @@ class TransformerBlock(nn.Module):
         mlp_ratio: MLP hidden width as a multiple of ``dim`` (or give ``mlp_hidden_dim``).
         num_kv_heads: key/value heads for GQA/MQA in self-attention.
         bias: biases in the attention projections; ``mlp_bias`` in the MLP.
-        act: MLP activation: ``gelu``, ``gelu_tanh``, ``quick_gelu``, ``relu``, ``swiglu``.
+        act: MLP activation: ``gelu``, ``gelu_tanh``, ``quick_gelu``, ``relu``, ``silu``,
+            ``swiglu``.
         norm_first: pre-norm (True) or post-norm (False).
         cross_attention: add a cross-attention branch over ``context``.
         context_dim: width of ``context`` (default ``dim``).

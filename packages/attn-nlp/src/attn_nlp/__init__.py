@@ -1,1 +1,50 @@
-"""attn_nlp: encoder-decoder Transformer, generation, Marian weights, LM and classifier."""
+"""attn_nlp: encoder-decoder Transformer, generation, Marian (opus-mt) weights, LM, classifier.
+
+Every model is built from ``attn_core.TransformerBlock`` and attends through
+``attn_core.attention``. Masks follow attn_core: ``key_padding_mask`` bool True = padding.
+"""
+
+from .classifier import ClassifierConfig, TextClassifier
+from .config import PRESETS, TransformerConfig, get_config, list_models
+from .convert import marian_config_to_ours, marian_to_ours, torch_transformer_to_ours
+from .generation import GenerationConfig, generate
+from .hub import WeightsNotFoundError, resolve_checkpoint
+from .layers import LearnedPositionalEmbedding, SinusoidalPositionalEmbedding
+from .lm import DecoderOnlyLM, LMConfig
+from .model import Transformer, TransformerDecoder, TransformerEncoder
+from .pretrained import create_model, load_pretrained, save_pretrained
+from .tokenizer import BPETokenizer, MarianTextTokenizer, load_tokenizer
+from .translate import Translator, translate
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "PRESETS",
+    "BPETokenizer",
+    "ClassifierConfig",
+    "DecoderOnlyLM",
+    "GenerationConfig",
+    "LMConfig",
+    "LearnedPositionalEmbedding",
+    "MarianTextTokenizer",
+    "SinusoidalPositionalEmbedding",
+    "TextClassifier",
+    "Transformer",
+    "TransformerConfig",
+    "TransformerDecoder",
+    "TransformerEncoder",
+    "Translator",
+    "WeightsNotFoundError",
+    "create_model",
+    "generate",
+    "get_config",
+    "list_models",
+    "load_pretrained",
+    "load_tokenizer",
+    "marian_config_to_ours",
+    "marian_to_ours",
+    "resolve_checkpoint",
+    "save_pretrained",
+    "torch_transformer_to_ours",
+    "translate",
+]

@@ -1,0 +1,131 @@
+"""Translate text with an encoder-decoder checkpoint and the tokenizer stored beside it.
+
+    >>> from attn_nlp import translate
+    >>> translate(["I love deep learning"], model="Helsinki-NLP/opus-mt-en-zh")  # doctest: +SKIP
+    ['我爱深思熟虑的学习']
+
+Sources longer than the model's ``max_positions`` are truncated (keeping the final
+``</s>``) with a warning; empty sources raise ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .hub import resolve_checkpoint
+from .model import Transformer
+from .pretrained import load_pretrained
+from .tokenizer import TextTokenizer, load_tokenizer
+
+__all__ = ["Translator", "translate"]
+
+
+class Translator:
+    """A :class:`Transformer` plus its tokenizer: ``translator(["text", ...]) -> [...]``."""
+
+    def __init__(self, model: Transformer, tokenizer: TextTokenizer, device: str | None = None):
+        if not isinstance(model, Transformer):
+            raise TypeError(f"translation needs an encoder-decoder, got {type(model).__name__}")
+        self.device = torch.device(device or "cpu")
+        self.model = model.to(self.device).eval()
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def from_pretrained(
+        cls, name_or_path: str | Path, *, device: str | None = None, cache_dir: str | None = None
+    ) -> Translator:
+        """Load model and tokenizer from a Hub repo id or a local checkpoint directory."""
+        directory = resolve_checkpoint(name_or_path, cache_dir=cache_dir)
+        return cls(load_pretrained(directory), load_tokenizer(directory), device)
+
+    def _batches(self, texts: Sequence[str], batch_size: int) -> Iterator[list[int]]:
+        """Indices of ``texts`` in batches of similar length (less padding)."""
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        for start in range(0, len(order), batch_size):
+            yield order[start : start + batch_size]
+
+    def encode(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token ids ``(B, S)`` and key-padding mask ``(B, S)`` (True = pad) for ``texts``."""
+        limit = self.model.config.max_positions
+        rows = self.tokenizer.encode(list(texts))
+        for i, row in enumerate(rows):
+            if len(row) > limit:
+                warnings.warn(
+                    f"source {i} has {len(row)} tokens; truncated to max_positions={limit}",
+                    stacklevel=3,
+                )
+                rows[i] = row[: limit - 1] + [self.tokenizer.eos_id]
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.tokenizer.pad_id, dtype=torch.long)
+        mask = torch.ones(len(rows), width, dtype=torch.bool)
+        for i, row in enumerate(rows):
+            ids[i, : len(row)] = torch.tensor(row)
+            mask[i, : len(row)] = False
+        return ids.to(self.device), mask.to(self.device)
+
+    def translate(
+        self,
+        texts: str | Sequence[str],
+        *,
+        beams: int | None = 4,
+        max_new_tokens: int | None = None,
+        batch_size: int = 16,
+        progress: bool = False,
+        **generation: Any,
+    ) -> list[str]:
+        """Translate each text; ``beams=None`` uses the checkpoint's ``num_beams``.
+
+        Extra keyword arguments go to :meth:`Transformer.generate` (``length_penalty``,
+        ``do_sample``, ``num_return_sequences`` ...). Returns one string per text (per
+        returned sequence).
+        """
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        for i, text in enumerate(texts):
+            if not isinstance(text, str) or not text.strip():
+                raise ValueError(f"source text {i} is empty")
+        if beams is not None:
+            generation["num_beams"] = beams
+        if max_new_tokens is not None:
+            generation["max_new_tokens"] = max_new_tokens
+        n = generation.get("num_return_sequences", 1)
+        out: list[list[str]] = [[] for _ in texts]
+        batches = list(self._batches(texts, batch_size))
+        if progress:
+            try:
+                from tqdm import tqdm
+
+                batches = tqdm(batches, desc="translate", unit="batch")
+            except ImportError:  # the progress bar is optional
+                pass
+        for batch in batches:
+            ids, mask = self.encode([texts[i] for i in batch])
+            generated = self.model.generate(ids, mask, **generation)
+            decoded = self.tokenizer.decode(generated.tolist())
+            for j, i in enumerate(batch):
+                out[i] = decoded[j * n : (j + 1) * n]
+        return [s for group in out for s in group]
+
+    __call__ = translate
+
+
+@functools.lru_cache(maxsize=2)
+def _translator(model: str, device: str | None) -> Translator:
+    return Translator.from_pretrained(model, device=device)
+
+
+def translate(
+    texts: str | Sequence[str],
+    model: str = "Helsinki-NLP/opus-mt-en-zh",
+    *,
+    beams: int | None = 4,
+    device: str | None = None,
+    **kwargs: Any,
+) -> list[str]:
+    """One-call translation (the loaded model is cached between calls)."""
+    return _translator(str(model), device).translate(texts, beams=beams, **kwargs)

@@ -1,0 +1,47 @@
+"""TextClassifier: pooling, padding invariance, gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from attn_nlp import ClassifierConfig, TextClassifier
+
+
+@pytest.mark.parametrize("pool", ["cls", "mean"])
+def test_padding_does_not_change_the_prediction(pool):
+    cfg = ClassifierConfig(
+        vocab_size=50,
+        num_classes=3,
+        embed_dim=32,
+        depth=2,
+        num_heads=4,
+        mlp_dim=64,
+        max_positions=20,
+        pool=pool,
+        dropout=0.0,
+    )
+    model = TextClassifier(cfg).eval()
+    ids = torch.randint(1, 50, (1, 6))
+    padded = torch.cat((ids, torch.zeros(1, 4, dtype=torch.long)), dim=1)
+    logits = model(ids)
+    assert logits.shape == (1, 3)
+    torch.testing.assert_close(model(padded), logits, atol=1e-5, rtol=1e-5)
+
+
+def test_every_parameter_gets_a_gradient():
+    model = TextClassifier(
+        ClassifierConfig(
+            vocab_size=50, num_classes=2, embed_dim=32, num_heads=4, mlp_dim=64, max_positions=20
+        )
+    )
+    loss = torch.nn.functional.cross_entropy(
+        model(torch.randint(1, 50, (4, 9))), torch.tensor([0, 1, 1, 0])
+    )
+    loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_bad_config():
+    with pytest.raises(ValueError, match="pool"):
+        TextClassifier(ClassifierConfig(pool="max"))
