@@ -1,1 +1,105 @@
-"""attn_clip: CLIP dual encoders, losses, zero-shot and retrieval on attn_core / attn_vision."""
+"""attn_clip: CLIP dual encoders on attn_core / attn_vision that load open_clip, OpenAI and
+Hugging Face weights, with contrastive losses, zero-shot classification and retrieval.
+
+Names are imported on first use (``attn_clip.ClipLoss`` does not pull in open_clip,
+torchvision or the model code), so worker processes and CLIs start quickly.
+"""
+
+# ruff: noqa: F401  (the TYPE_CHECKING imports below re-export __all__)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "config": ["CLIPConfig", "CLIPTextConfig", "CLIPVisionConfig", "PreprocessConfig"],
+    "convert": [
+        "check_state_dict",
+        "convert_hf",
+        "convert_open_clip",
+        "detect_format",
+        "to_open_clip",
+    ],
+    "factory": [
+        "create_model",
+        "create_model_and_transforms",
+        "load_checkpoint",
+        "save_pretrained",
+    ],
+    "loss": ["ClipLoss", "SigLipLoss"],
+    "model": ["CLIP", "CLIPOutput"],
+    "pretrained": ["PretrainedDownloadError", "download_pretrained", "read_checkpoint"],
+    "registry": [
+        "PretrainedSource",
+        "get_model_config",
+        "get_pretrained_cfg",
+        "list_models",
+        "list_pretrained",
+        "list_pretrained_tags",
+    ],
+    "retrieval": ["EmbeddingIndex", "SearchResult", "retrieval_metrics"],
+    "text": ["TextTransformer"],
+    "tokenizer": ["Tokenizer", "get_tokenizer"],
+    "transforms": ["image_transform"],
+    "vision": ["CLIPVisionTower"],
+    "zero_shot": [
+        "IMAGENET_CLASSNAMES",
+        "OPENAI_IMAGENET_TEMPLATES",
+        "SIMPLE_TEMPLATES",
+        "build_zero_shot_classifier",
+        "predict",
+        "zero_shot_logits",
+    ],
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__version__ = "0.1.0"
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'attn_clip' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)
+
+
+if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
+    from .config import CLIPConfig, CLIPTextConfig, CLIPVisionConfig, PreprocessConfig
+    from .convert import (
+        check_state_dict,
+        convert_hf,
+        convert_open_clip,
+        detect_format,
+        to_open_clip,
+    )
+    from .factory import create_model, create_model_and_transforms, load_checkpoint, save_pretrained
+    from .loss import ClipLoss, SigLipLoss
+    from .model import CLIP, CLIPOutput
+    from .pretrained import PretrainedDownloadError, download_pretrained, read_checkpoint
+    from .registry import (
+        PretrainedSource,
+        get_model_config,
+        get_pretrained_cfg,
+        list_models,
+        list_pretrained,
+        list_pretrained_tags,
+    )
+    from .retrieval import EmbeddingIndex, SearchResult, retrieval_metrics
+    from .text import TextTransformer
+    from .tokenizer import Tokenizer, get_tokenizer
+    from .transforms import image_transform
+    from .vision import CLIPVisionTower
+    from .zero_shot import (
+        IMAGENET_CLASSNAMES,
+        OPENAI_IMAGENET_TEMPLATES,
+        SIMPLE_TEMPLATES,
+        build_zero_shot_classifier,
+        predict,
+        zero_shot_logits,
+    )

@@ -1,0 +1,303 @@
+"""Checkpoint converters: pure ``state_dict -> state_dict`` functions into attn_clip's names.
+
+Sources (detected from tell-tale keys by :func:`detect_format`):
+
+* ``open_clip``  -- open_clip ``CLIP`` / OpenAI CLIP (``visual.conv1.weight``,
+  ``transformer.resblocks.0.attn.in_proj_weight``, ``text_projection``, ...). Also what
+  OpenAI's TorchScript ``.pt`` archives hold once their ``state_dict()`` is taken, and
+  open_clip's ``CustomTextCLIP`` layout (the same keys under ``text.``).
+* ``hf``         -- transformers ``CLIPModel`` (``text_model.*``, ``vision_model.*``,
+  separate ``q_proj`` / ``k_proj`` / ``v_proj`` that are fused into one ``qkv``).
+* ``attn_clip``  -- our own names (``visual.trunk.*``, ``text.blocks.*``): identity.
+
+Every converter consumes each input key exactly once; a key no rule knows raises
+``ValueError`` naming it. :func:`check_state_dict` then compares against the model:
+missing / unexpected keys and shape mismatches are listed in one error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+
+__all__ = [
+    "check_state_dict",
+    "convert_hf",
+    "convert_open_clip",
+    "detect_format",
+    "to_attn_clip",
+    "to_open_clip",
+]
+
+StateDict = dict[str, torch.Tensor]
+
+# Per-block names: open_clip ResidualAttentionBlock -> attn_core TransformerBlock.
+_OPEN_CLIP_BLOCK = {
+    "ln_1.weight": "norm1.weight",
+    "ln_1.bias": "norm1.bias",
+    "attn.in_proj_weight": "attn.qkv.weight",
+    "attn.in_proj_bias": "attn.qkv.bias",
+    "attn.out_proj.weight": "attn.proj.weight",
+    "attn.out_proj.bias": "attn.proj.bias",
+    "ls_1.gamma": "ls1.gamma",
+    "ln_2.weight": "norm2.weight",
+    "ln_2.bias": "norm2.bias",
+    "mlp.c_fc.weight": "mlp.fc1.weight",
+    "mlp.c_fc.bias": "mlp.fc1.bias",
+    "mlp.c_proj.weight": "mlp.fc2.weight",
+    "mlp.c_proj.bias": "mlp.fc2.bias",
+    "ls_2.gamma": "ls2.gamma",
+}
+# transformers CLIPEncoderLayer -> TransformerBlock (q/k/v handled separately: fused).
+_HF_BLOCK = {
+    "layer_norm1.weight": "norm1.weight",
+    "layer_norm1.bias": "norm1.bias",
+    "self_attn.out_proj.weight": "attn.proj.weight",
+    "self_attn.out_proj.bias": "attn.proj.bias",
+    "layer_norm2.weight": "norm2.weight",
+    "layer_norm2.bias": "norm2.bias",
+    "mlp.fc1.weight": "mlp.fc1.weight",
+    "mlp.fc1.bias": "mlp.fc1.bias",
+    "mlp.fc2.weight": "mlp.fc2.weight",
+    "mlp.fc2.bias": "mlp.fc2.bias",
+}
+
+
+def _strip_prefixes(sd: Mapping[str, torch.Tensor]) -> StateDict:
+    """Drop DDP's ``module.`` and torch.compile's ``_orig_mod.`` prefixes."""
+    out = {}
+    for k, v in sd.items():
+        for p in ("module.", "_orig_mod."):
+            if k.startswith(p):
+                k = k[len(p) :]
+        out[k] = v
+    return out
+
+
+def detect_format(sd: Mapping[str, torch.Tensor]) -> str:
+    """``"open_clip"``, ``"hf"`` or ``"attn_clip"`` from the keys; ``ValueError`` otherwise."""
+    keys = set(_strip_prefixes(sd))
+    if any(k.startswith("visual.trunk.") for k in keys) and any(
+        k.startswith("text.blocks.") for k in keys
+    ):
+        return "attn_clip"
+    if any(k.startswith("text_model.") for k in keys) and any(
+        k.startswith("vision_model.") for k in keys
+    ):
+        return "hf"
+    if "visual.conv1.weight" in keys and (
+        "positional_embedding" in keys or "text.positional_embedding" in keys
+    ):
+        return "open_clip"
+    if "visual.layer1.0.conv1.weight" in keys or "visual.trunk.stem.0.weight" in keys:
+        raise ValueError(
+            "this is a ResNet / timm-tower CLIP checkpoint; attn_clip builds ViT CLIPs"
+        )
+    sample = sorted(keys)[:8]
+    raise ValueError(
+        f"unrecognised CLIP checkpoint: none of the open_clip / OpenAI (visual.conv1.weight), "
+        f"transformers (text_model.*, vision_model.*) or attn_clip (visual.trunk.*) keys found; "
+        f"first keys: {sample}"
+    )
+
+
+class _Consumer:
+    """Pops keys from a source dict; whatever is left at the end is reported."""
+
+    def __init__(self, sd: StateDict, source: str) -> None:
+        self.sd, self.source, self.out = dict(sd), source, {}
+
+    def move(self, src: str, dst: str, fn: Callable[[torch.Tensor], torch.Tensor] | None = None):
+        if src in self.sd:
+            t = self.sd.pop(src)
+            self.out[dst] = fn(t) if fn is not None else t
+
+    def blocks(self, prefix: str, dst_prefix: str, names: Mapping[str, str]) -> None:
+        """Rename ``{prefix}{i}.{name}`` to ``{dst_prefix}{i}.{names[name]}``."""
+        for key in [k for k in self.sd if k.startswith(prefix)]:
+            idx, _, name = key[len(prefix) :].partition(".")
+            if idx.isdigit() and name in names:
+                self.out[f"{dst_prefix}{idx}.{names[name]}"] = self.sd.pop(key)
+
+    def finish(self, ignore: tuple[str, ...] = ()) -> StateDict:
+        left = sorted(k for k in self.sd if k not in ignore)
+        if left:
+            shown = ", ".join(left[:12]) + (f", ... ({len(left)} in all)" if len(left) > 12 else "")
+            raise ValueError(f"{self.source} checkpoint has keys no converter rule knows: {shown}")
+        return self.out
+
+
+def _transpose(t: torch.Tensor) -> torch.Tensor:
+    return t.T.contiguous()
+
+
+def _pos_2d(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(1, *t.shape[-2:]) if t.ndim == 2 else t
+
+
+def convert_open_clip(sd: Mapping[str, torch.Tensor]) -> StateDict:
+    """open_clip / OpenAI CLIP state dict -> attn_clip state dict."""
+    sd = _strip_prefixes(sd)
+    if any(k.startswith("text.") for k in sd):  # CustomTextCLIP layout: text tower under text.
+        sd = {(k[5:] if k.startswith("text.") else k): v for k, v in sd.items()}
+    c = _Consumer(sd, "open_clip")
+    # text tower
+    c.move("token_embedding.weight", "text.token_embedding.weight")
+    c.move("positional_embedding", "text.positional_embedding")
+    c.blocks("transformer.resblocks.", "text.blocks.", _OPEN_CLIP_BLOCK)
+    c.move("ln_final.weight", "text.ln_final.weight")
+    c.move("ln_final.bias", "text.ln_final.bias")
+    c.move("text_projection", "text.proj.weight", _transpose)  # (D, E) -> Linear's (E, D)
+    c.move("text_projection.weight", "text.proj.weight")
+    c.move("text_projection.bias", "text.proj.bias")
+    # vision tower
+    v = "visual.trunk."
+    c.move("visual.conv1.weight", v + "patch_embed.proj.weight")
+    c.move("visual.class_embedding", v + "cls_token", lambda t: t.reshape(1, 1, -1))
+    c.move("visual.positional_embedding", v + "pos_embed", _pos_2d)
+    c.move("visual.ln_pre.weight", v + "norm_pre.weight")
+    c.move("visual.ln_pre.bias", v + "norm_pre.bias")
+    c.blocks("visual.transformer.resblocks.", v + "blocks.", _OPEN_CLIP_BLOCK)
+    # ln_post is timm's `norm` (on every token) -- or `fc_norm` when it runs after pooling;
+    # check_state_dict's fix-up below renames it to whichever the model has.
+    c.move("visual.ln_post.weight", v + "norm.weight")
+    c.move("visual.ln_post.bias", v + "norm.bias")
+    c.move("visual.proj", "visual.proj.weight", _transpose)
+    # temperature / bias: open_clip may store them as (1,) tensors
+    c.move("logit_scale", "logit_scale", lambda t: t.reshape(()))
+    c.move("logit_bias", "logit_bias", lambda t: t.reshape(()))
+    # OpenAI TorchScript archives carry these as buffers; the text tower's causal mask
+    # is a non-persistent buffer in open_clip but older checkpoints saved it.
+    return c.finish(ignore=("input_resolution", "context_length", "vocab_size", "attn_mask"))
+
+
+def convert_hf(sd: Mapping[str, torch.Tensor]) -> StateDict:
+    """transformers ``CLIPModel`` state dict -> attn_clip state dict (q/k/v fused into qkv)."""
+    sd = _strip_prefixes(sd)
+    c = _Consumer(sd, "transformers CLIPModel")
+    for tower, dst in (("text_model", "text.blocks."), ("vision_model", "visual.trunk.blocks.")):
+        prefix = f"{tower}.encoder.layers."
+        idxs = sorted({int(k[len(prefix) :].split(".")[0]) for k in c.sd if k.startswith(prefix)})
+        for i in idxs:
+            p = f"{prefix}{i}.self_attn."
+            for kind in ("weight", "bias"):
+                parts = [f"{p}{n}_proj.{kind}" for n in "qkv"]
+                if all(k in c.sd for k in parts):
+                    fused = torch.cat([c.sd.pop(k) for k in parts], dim=0)
+                    c.out[f"{dst}{i}.attn.qkv.{kind}"] = fused
+        c.blocks(prefix, dst, _HF_BLOCK)
+    t, v = "text_model.", "vision_model."
+    c.move(t + "embeddings.token_embedding.weight", "text.token_embedding.weight")
+    c.move(t + "embeddings.position_embedding.weight", "text.positional_embedding")
+    c.move(t + "final_layer_norm.weight", "text.ln_final.weight")
+    c.move(t + "final_layer_norm.bias", "text.ln_final.bias")
+    c.move("text_projection.weight", "text.proj.weight")
+    vt = "visual.trunk."
+    c.move(v + "embeddings.class_embedding", vt + "cls_token", lambda x: x.reshape(1, 1, -1))
+    c.move(v + "embeddings.patch_embedding.weight", vt + "patch_embed.proj.weight")
+    c.move(v + "embeddings.position_embedding.weight", vt + "pos_embed", _pos_2d)
+    c.move(v + "pre_layrnorm.weight", vt + "norm_pre.weight")  # (sic: transformers' name)
+    c.move(v + "pre_layrnorm.bias", vt + "norm_pre.bias")
+    c.move(v + "post_layernorm.weight", vt + "norm.weight")
+    c.move(v + "post_layernorm.bias", vt + "norm.bias")
+    c.move("visual_projection.weight", "visual.proj.weight")
+    c.move("logit_scale", "logit_scale", lambda x: x.reshape(()))
+    return c.finish(ignore=(t + "embeddings.position_ids", v + "embeddings.position_ids"))
+
+
+def to_attn_clip(sd: Mapping[str, torch.Tensor], fmt: str | None = None) -> StateDict:
+    """Convert any supported state dict (format detected unless ``fmt`` is given)."""
+    fmt = fmt or detect_format(sd)
+    if fmt == "open_clip":
+        return convert_open_clip(sd)
+    if fmt == "hf":
+        return convert_hf(sd)
+    if fmt == "attn_clip":
+        return _strip_prefixes(sd)
+    raise ValueError(f"unknown checkpoint format {fmt!r}; expected open_clip, hf or attn_clip")
+
+
+# attn_clip name -> (open_clip name, tensor fix-up) for everything outside the blocks.
+_TO_OPEN_CLIP: dict[str, tuple[str, Callable[[torch.Tensor], torch.Tensor] | None]] = {
+    "text.token_embedding.weight": ("token_embedding.weight", None),
+    "text.positional_embedding": ("positional_embedding", None),
+    "text.ln_final.weight": ("ln_final.weight", None),
+    "text.ln_final.bias": ("ln_final.bias", None),
+    "text.proj.bias": ("text_projection.bias", None),
+    "visual.trunk.patch_embed.proj.weight": ("visual.conv1.weight", None),
+    "visual.trunk.cls_token": ("visual.class_embedding", lambda t: t.reshape(-1)),
+    "visual.trunk.pos_embed": ("visual.positional_embedding", lambda t: t[0]),
+    "visual.trunk.norm_pre.weight": ("visual.ln_pre.weight", None),
+    "visual.trunk.norm_pre.bias": ("visual.ln_pre.bias", None),
+    "visual.trunk.norm.weight": ("visual.ln_post.weight", None),
+    "visual.trunk.norm.bias": ("visual.ln_post.bias", None),
+    "visual.trunk.fc_norm.weight": ("visual.ln_post.weight", None),
+    "visual.trunk.fc_norm.bias": ("visual.ln_post.bias", None),
+    "visual.proj.weight": ("visual.proj", _transpose),
+    "logit_scale": ("logit_scale", None),
+    "logit_bias": ("logit_bias", None),
+}
+_BLOCK_PREFIXES = {
+    "text.blocks.": "transformer.resblocks.",
+    "visual.trunk.blocks.": "visual.transformer.resblocks.",
+}
+
+
+def to_open_clip(sd: Mapping[str, torch.Tensor]) -> StateDict:
+    """attn_clip state dict -> open_clip ``CLIP`` names (what open_clip's loader reads)."""
+    inv_block = {v: k for k, v in _OPEN_CLIP_BLOCK.items()}
+    has_text_bias = "text.proj.bias" in sd
+    out: StateDict = {}
+    for k, t in sd.items():
+        prefix = next((p for p in _BLOCK_PREFIXES if k.startswith(p)), None)
+        if prefix is not None:
+            idx, _, name = k[len(prefix) :].partition(".")
+            out[f"{_BLOCK_PREFIXES[prefix]}{idx}.{inv_block[name]}"] = t
+        elif k == "text.proj.weight":  # a bare (D, E) matrix unless the projection has a bias
+            out["text_projection.weight" if has_text_bias else "text_projection"] = (
+                t if has_text_bias else _transpose(t)
+            )
+        elif k in _TO_OPEN_CLIP:
+            name, fn = _TO_OPEN_CLIP[k]
+            out[name] = fn(t) if fn is not None else t
+        else:
+            raise ValueError(f"attn_clip key {k!r} has no open_clip name")
+    return out
+
+
+def check_state_dict(sd: StateDict, expected: Mapping[str, torch.Tensor]) -> StateDict:
+    """Match a converted state dict against ``model.state_dict()``; raise on any mismatch.
+
+    ``ln_post`` is renamed to ``fc_norm`` when the model normalizes after pooling. The
+    error lists missing keys, unexpected keys and ``key: checkpoint shape vs model shape``.
+    """
+    sd = dict(sd)
+    for kind in ("weight", "bias"):
+        src, dst = f"visual.trunk.norm.{kind}", f"visual.trunk.fc_norm.{kind}"
+        if src in sd and src not in expected and dst in expected:
+            sd[dst] = sd.pop(src)
+    missing = sorted(k for k in expected if k not in sd)
+    unexpected = sorted(k for k in sd if k not in expected)
+    shapes = [
+        f"{k}: checkpoint {tuple(sd[k].shape)} vs model {tuple(expected[k].shape)}"
+        for k in sorted(sd)
+        if k in expected and sd[k].shape != expected[k].shape
+    ]
+    problems = []
+
+    def show(items: list[str]) -> str:
+        return ", ".join(items[:10]) + (f", ... ({len(items)} in all)" if len(items) > 10 else "")
+
+    if missing:
+        problems.append(f"missing keys: {show(missing)}")
+    if unexpected:
+        problems.append(f"unexpected keys: {show(unexpected)}")
+    if shapes:
+        problems.append(f"shape mismatches: {show(shapes)}")
+    if problems:
+        raise ValueError(
+            "checkpoint does not fit the model config (wrong architecture, image size or "
+            "context length?) -- " + "; ".join(problems)
+        )
+    return sd

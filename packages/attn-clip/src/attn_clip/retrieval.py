@@ -1,0 +1,260 @@
+"""Embedding search and retrieval metrics.
+
+Shape legend: ``N`` indexed vectors, ``Q`` queries, ``D`` embedding width, ``B`` images,
+``T`` captions.
+
+``EmbeddingIndex`` keeps L2-normalized embeddings with string ids (file paths,
+captions, ...), answers exact cosine top-k in chunks so memory stays at
+``O(Q * chunk_size)``, uses faiss (``IndexFlatIP``, exact as well) for large indexes when
+it is installed, and saves as ``<name>.safetensors`` + a ``<name>.json`` sidecar holding the
+ids and a SHA-256 of the tensor file, so a corrupt or truncated index is detected on load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["EmbeddingIndex", "SearchResult", "retrieval_metrics"]
+
+FORMAT = "attn_clip.EmbeddingIndex"
+VERSION = 1
+
+
+@dataclass
+class SearchResult:
+    """Top-k hits per query, best first."""
+
+    scores: torch.Tensor  # (Q, k) cosine similarities
+    indices: torch.Tensor  # (Q, k) row numbers in the index
+    ids: list[list[str]]  # (Q, k) ids of those rows
+
+
+def _paths(path: str | os.PathLike) -> tuple[Path, Path]:
+    p = Path(path)
+    if p.suffix in (".safetensors", ".json"):
+        p = p.with_suffix("")
+    return p.with_name(p.name + ".safetensors"), p.with_name(p.name + ".json")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+class EmbeddingIndex:
+    """Exact cosine-similarity index over ``(N, D)`` embeddings with string ids."""
+
+    def __init__(self, dim: int, *, faiss_threshold: int = 200_000) -> None:
+        if dim <= 0:
+            raise ValueError(f"dim must be positive, got {dim}")
+        self.dim = dim
+        self.faiss_threshold = faiss_threshold
+        self.ids: list[str] = []
+        self._chunks: list[torch.Tensor] = []
+        self._faiss = None
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def embeddings(self) -> torch.Tensor:
+        """All stored (normalized, float32) embeddings ``(N, D)``."""
+        if len(self._chunks) != 1:
+            empty = torch.empty(0, self.dim)
+            self._chunks = [torch.cat(self._chunks) if self._chunks else empty]
+        return self._chunks[0]
+
+    def add(self, embeddings: torch.Tensor, ids: Sequence[str] | None = None) -> None:
+        """Append ``(n, D)`` embeddings (normalized here) with their ids (default: row numbers)."""
+        if embeddings.ndim != 2 or embeddings.shape[1] != self.dim:
+            raise ValueError(f"embeddings must be (n, {self.dim}), got {tuple(embeddings.shape)}")
+        n = embeddings.shape[0]
+        if ids is None:
+            ids = [str(len(self) + i) for i in range(n)]
+        ids = [str(i) for i in ids]
+        if len(ids) != n:
+            raise ValueError(f"got {n} embeddings but {len(ids)} ids")
+        emb = F.normalize(embeddings.detach().to("cpu", torch.float32), dim=-1)
+        self._chunks.append(emb)
+        self.ids.extend(ids)
+        self._faiss = None
+
+    def _use_faiss(self, use_faiss: bool | None) -> bool:
+        have = importlib.util.find_spec("faiss") is not None
+        if use_faiss and not have:
+            raise ImportError("use_faiss=True needs faiss: pip install 'attn-clip[faiss]'")
+        return have and len(self) >= self.faiss_threshold if use_faiss is None else use_faiss
+
+    @torch.no_grad()
+    def search(
+        self,
+        queries: torch.Tensor,
+        k: int = 10,
+        *,
+        chunk_size: int = 65_536,
+        use_faiss: bool | None = None,
+    ) -> SearchResult:
+        """Top-``k`` rows by cosine similarity for ``(Q, D)`` (or ``(D,)``) queries.
+
+        Exact either way: chunked matrix products (peak memory ``Q * chunk_size``) or,
+        for indexes of at least ``faiss_threshold`` rows when faiss is installed, faiss's
+        flat inner-product index. ``use_faiss`` forces the choice.
+        """
+        if len(self) == 0:
+            raise ValueError("the index is empty: add() embeddings first")
+        q = queries.reshape(1, -1) if queries.ndim == 1 else queries
+        if q.ndim != 2 or q.shape[1] != self.dim:
+            raise ValueError(f"queries must be (Q, {self.dim}), got {tuple(queries.shape)}")
+        if k <= 0:
+            raise ValueError(f"k must be positive, got {k}")
+        q = F.normalize(q.detach().to("cpu", torch.float32), dim=-1)
+        k = min(k, len(self))
+        if self._use_faiss(use_faiss):
+            scores, idx = self._faiss_search(q, k)
+        else:
+            scores, idx = self._exact_search(q, k, chunk_size)
+        ids = [[self.ids[i] for i in row] for row in idx.tolist()]
+        return SearchResult(scores, idx, ids)
+
+    def _exact_search(
+        self, q: torch.Tensor, k: int, chunk_size: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        emb = self.embeddings
+        best_s = torch.empty(q.shape[0], 0)
+        best_i = torch.empty(q.shape[0], 0, dtype=torch.long)
+        for start in range(0, emb.shape[0], chunk_size):
+            sims = q @ emb[start : start + chunk_size].T  # (Q, c)
+            s, i = sims.topk(min(k, sims.shape[1]), dim=1)
+            best_s = torch.cat([best_s, s], dim=1)
+            best_i = torch.cat([best_i, i + start], dim=1)
+            best_s, order = best_s.topk(min(k, best_s.shape[1]), dim=1)
+            best_i = best_i.gather(1, order)
+        return best_s, best_i
+
+    def _faiss_search(self, q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        import faiss
+
+        if self._faiss is None:
+            self._faiss = faiss.IndexFlatIP(self.dim)
+            self._faiss.add(self.embeddings.numpy())
+        scores, idx = self._faiss.search(q.numpy(), k)
+        return torch.from_numpy(scores), torch.from_numpy(idx).long()
+
+    def save(self, path: str | os.PathLike) -> tuple[Path, Path]:
+        """Write ``<path>.safetensors`` and the ``<path>.json`` sidecar (atomically)."""
+        from safetensors.torch import save_file
+
+        tensor_path, meta_path = _paths(path)
+        tensor_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = tensor_path.with_name(tensor_path.name + ".tmp")
+        save_file({"embeddings": self.embeddings.contiguous()}, str(tmp))
+        meta = {
+            "format": FORMAT,
+            "version": VERSION,
+            "dim": self.dim,
+            "count": len(self),
+            "tensor_file": tensor_path.name,
+            "sha256": _sha256(tmp),
+            "ids": self.ids,
+        }
+        os.replace(tmp, tensor_path)
+        tmp_meta = meta_path.with_name(meta_path.name + ".tmp")
+        tmp_meta.write_text(json.dumps(meta), encoding="utf-8")
+        os.replace(tmp_meta, meta_path)
+        return tensor_path, meta_path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, *, verify: bool = True) -> EmbeddingIndex:
+        """Read an index written by :meth:`save`.
+
+        Raises ``FileNotFoundError`` for a missing file and ``ValueError`` (saying which
+        file and what is wrong) for a corrupt, truncated or mismatched one.
+        """
+        tensor_path, meta_path = _paths(path)
+        for p in (meta_path, tensor_path):
+            if not p.is_file():
+                raise FileNotFoundError(f"embedding index file missing: {p}")
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            ok = isinstance(meta, dict) and meta.get("format") == FORMAT
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"corrupt embedding index sidecar {meta_path}: {e}") from None
+        if not ok:
+            raise ValueError(f"{meta_path} is not an attn_clip embedding index sidecar")
+        if meta.get("version") != VERSION:
+            raise ValueError(f"{meta_path}: unsupported index version {meta.get('version')!r}")
+        if verify and _sha256(tensor_path) != meta.get("sha256"):
+            raise ValueError(
+                f"corrupt or truncated embedding index {tensor_path}: its SHA-256 does not "
+                f"match the one recorded in {meta_path.name}; rebuild the index"
+            )
+        from safetensors.torch import load_file
+
+        try:
+            emb = load_file(str(tensor_path))["embeddings"]
+        except Exception as e:
+            raise ValueError(f"corrupt or truncated embedding index {tensor_path}: {e}") from None
+        dim, count, ids = meta.get("dim"), meta.get("count"), meta.get("ids")
+        if tuple(emb.shape) != (count, dim) or not isinstance(ids, list) or len(ids) != count:
+            raise ValueError(
+                f"embedding index {tensor_path} does not match its sidecar: tensor "
+                f"{tuple(emb.shape)}, sidecar count={count} dim={dim} ids={len(ids or [])}"
+            )
+        index = cls(dim)
+        index._chunks, index.ids = [emb.float()], [str(i) for i in ids]
+        return index
+
+
+@torch.no_grad()
+def retrieval_metrics(
+    image_emb: torch.Tensor,
+    text_emb: torch.Tensor,
+    texts_per_image: int | Sequence[int] = 1,
+    ks: Sequence[int] = (1, 5, 10),
+    chunk_size: int = 1024,
+) -> dict[str, float]:
+    """Recall@k both ways for paired embeddings (cosine similarity).
+
+    Captions are grouped by image: image ``i`` owns the next ``texts_per_image[i]`` rows of
+    ``text_emb`` (an int means the same count for every image). ``image_to_text_R@k`` is
+    the fraction of images with at least one of their captions in the top k;
+    ``text_to_image_R@k`` the fraction of captions whose image is in the top k. Images
+    are processed ``chunk_size`` at a time.
+    """
+    B, T = image_emb.shape[0], text_emb.shape[0]
+    counts = [texts_per_image] * B if isinstance(texts_per_image, int) else list(texts_per_image)
+    if len(counts) != B or sum(counts) != T or min(counts, default=1) < 1:
+        raise ValueError(
+            f"texts_per_image must give each of the {B} images >= 1 caption, summing to the "
+            f"{T} captions; got {texts_per_image}"
+        )
+    owner = torch.repeat_interleave(torch.arange(B), torch.tensor(counts))  # (T,) image per text
+    img = F.normalize(image_emb.float(), dim=-1)
+    txt = F.normalize(text_emb.float(), dim=-1)
+    i2t_rank = torch.empty(B, dtype=torch.long)
+    t2i_rank = torch.zeros(T, dtype=torch.long)
+    t_pos = (img[owner] * txt).sum(-1)  # (T,) similarity of each caption to its own image
+    for start in range(0, B, chunk_size):
+        sims = img[start : start + chunk_size] @ txt.T  # (c, T)
+        rows = torch.arange(start, start + sims.shape[0])
+        own = owner.unsqueeze(0) == rows.unsqueeze(1)  # (c, T) captions of each image
+        best = sims.masked_fill(~own, float("-inf")).amax(dim=1, keepdim=True)  # (c, 1)
+        i2t_rank[rows] = (sims > best).sum(dim=1)
+        t2i_rank += ((sims > t_pos.unsqueeze(0)) & ~own).sum(dim=0)  # other images ranked above
+    out = {}
+    for k in ks:
+        out[f"image_to_text_R@{k}"] = (i2t_rank < k).float().mean().item()
+        out[f"text_to_image_R@{k}"] = (t2i_rank < k).float().mean().item()
+    return out

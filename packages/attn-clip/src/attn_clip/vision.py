@@ -1,0 +1,66 @@
+"""CLIP vision tower: attn_vision's ViT (the ``trunk``) + a bias-free projection.
+
+Shape legend: ``B`` batch, ``C`` channels, ``H`` / ``W`` image size, ``N`` tokens
+(class token + patches), ``D`` width, ``E`` joint embedding width.
+
+CLIP's ViT is timm's ``vit_*_clip_*``: a patch embedding without bias, class token,
+``ln_pre`` (timm ``norm_pre``) before the blocks, ``ln_post`` (timm ``norm``, or
+``fc_norm`` when it runs after pooling) and a linear projection without bias.
+"""
+
+from __future__ import annotations
+
+import torch
+from attn_vision.vit import VisionTransformer, ViTConfig
+from torch import nn
+
+from .config import CLIPVisionConfig
+
+__all__ = ["CLIPVisionTower", "vit_config"]
+
+
+def vit_config(c: CLIPVisionConfig) -> ViTConfig:
+    """The attn_vision ``ViTConfig`` of a CLIP vision tower (no classifier head)."""
+    return ViTConfig(
+        img_size=c.image_size,
+        patch_size=c.patch_size,
+        num_classes=0,
+        global_pool="token" if c.pool_type == "tok" else "avg",
+        embed_dim=c.width,
+        depth=c.layers,
+        num_heads=c.heads,
+        mlp_ratio=c.mlp_ratio,
+        qkv_bias=True,
+        class_token=True,
+        pre_norm=not c.no_ln_pre,
+        patch_bias=False,  # CLIP towers never have one (CLIPA too, although it has no ln_pre)
+        final_norm=True,
+        fc_norm=c.final_ln_after_pool,
+        norm_eps=c.norm_eps,
+        act=c.act,
+        init_values=c.ls_init_value,
+    )
+
+
+class CLIPVisionTower(nn.Module):
+    """``(B, C, H, W)`` images -> ``(B, E)`` embeddings (not normalized)."""
+
+    def __init__(self, config: CLIPVisionConfig, embed_dim: int) -> None:
+        super().__init__()
+        self.config = config
+        self.image_size = config.image_size
+        self.trunk = VisionTransformer(vit_config(config))
+        self.proj = nn.Linear(config.width, embed_dim, bias=False)
+        nn.init.normal_(self.proj.weight, std=config.width**-0.5)
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        self.trunk.set_grad_checkpointing(enable)
+
+    def forward_features(self, images: torch.Tensor) -> torch.Tensor:
+        """``(B, C, H, W)`` -> ``(B, N, D)`` tokens after the last block (and ``ln_post``)."""
+        return self.trunk.forward_features(images)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x = self.trunk.forward_features(images)  # (B, N, D)
+        x = self.trunk.forward_head(x, pre_logits=True)  # (B, D) pooled (+ ln_post after pool)
+        return self.proj(x)  # (B, E)

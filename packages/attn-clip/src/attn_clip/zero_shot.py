@@ -1,0 +1,108 @@
+"""Zero-shot classification: class-name prompts -> a linear classifier over image embeddings.
+
+Shape legend: ``B`` images, ``K`` classes, ``P`` templates (prompts) per class,
+``E`` embedding width.
+
+``build_zero_shot_classifier`` embeds every ``template.format(classname)``, L2-normalizes,
+averages the ``P`` prompts of a class and normalizes again (prompt ensembling, as OpenAI
+and open_clip do). ``predict`` turns image embeddings into class scores: a softmax over
+classes for CLIP, independent sigmoids (multi-label) for SigLIP-style models that have a
+``logit_bias``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from itertools import islice
+
+import torch
+import torch.nn.functional as F
+from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES as _IMAGENET_CLASSNAMES
+from open_clip.zero_shot_metadata import OPENAI_IMAGENET_TEMPLATES as _OPENAI_TEMPLATES
+
+from .model import CLIP
+
+__all__ = [
+    "IMAGENET_CLASSNAMES",
+    "OPENAI_IMAGENET_TEMPLATES",
+    "SIMPLE_TEMPLATES",
+    "build_zero_shot_classifier",
+    "predict",
+    "zero_shot_logits",
+]
+
+Template = str | Callable[[str], str]
+
+# OpenAI's 80 ImageNet prompts and 1,000 class names, as open_clip ships them.
+OPENAI_IMAGENET_TEMPLATES: tuple[Callable[[str], str], ...] = tuple(_OPENAI_TEMPLATES)
+IMAGENET_CLASSNAMES: tuple[str, ...] = tuple(_IMAGENET_CLASSNAMES)
+SIMPLE_TEMPLATES: tuple[str, ...] = ("a photo of a {}.",)
+
+
+def _fill(template: Template, classname: str) -> str:
+    return template.format(classname) if isinstance(template, str) else template(classname)
+
+
+@torch.no_grad()
+def build_zero_shot_classifier(
+    model: CLIP,
+    tokenizer: Callable[[list[str]], torch.Tensor],
+    classnames: Sequence[str],
+    templates: Sequence[Template] = SIMPLE_TEMPLATES,
+    batch_size: int | None = 10,
+    device: str | torch.device | None = None,
+    use_tqdm: bool = False,
+) -> torch.Tensor:
+    """Classifier weights ``(E, K)``: normalized mean of each class's normalized prompts.
+
+    Args:
+        model: anything with ``encode_text(tokens, normalize=True)``.
+        tokenizer: list of strings -> ``(n, L)`` token ids.
+        classnames: the ``K`` class names.
+        templates: ``P`` format strings (``"a photo of a {}."``) or callables.
+        batch_size: classes per text-encoder batch (``batch_size * P`` prompts); None = all.
+        device: where tokens go (default: the model's device).
+    """
+    if isinstance(classnames, str) or len(classnames) == 0:
+        raise ValueError("classnames must be a non-empty sequence of strings")
+    if isinstance(templates, str) or len(templates) == 0:
+        raise ValueError("templates must be a non-empty sequence of format strings or callables")
+    if device is None:
+        device = next(model.parameters()).device
+    P = len(templates)
+    step = batch_size or len(classnames)
+    it = iter(classnames)
+    batches = iter(lambda: list(islice(it, step)), [])
+    if use_tqdm:
+        from tqdm import tqdm
+
+        batches = tqdm(batches, total=-(-len(classnames) // step), unit="batch")
+    weights = []
+    for names in batches:
+        prompts = [_fill(t, c) for c in names for t in templates]
+        emb = model.encode_text(tokenizer(prompts).to(device), normalize=True)  # (k*P, E)
+        emb = emb.reshape(len(names), P, -1).mean(dim=1)  # (k, E)
+        weights.append(F.normalize(emb, dim=-1).T)  # (E, k)
+    return torch.cat(weights, dim=1)  # (E, K)
+
+
+def zero_shot_logits(
+    model: CLIP, image_features: torch.Tensor, classifier: torch.Tensor
+) -> torch.Tensor:
+    """``(B, E)`` image embeddings (normalized here) x ``(E, K)`` -> ``(B, K)`` logits."""
+    feats = F.normalize(image_features, dim=-1).to(classifier.dtype)
+    logits = model.logit_scale.exp().to(feats.dtype) * feats @ classifier
+    if model.logit_bias is not None:
+        logits = logits + model.logit_bias.to(feats.dtype)
+    return logits
+
+
+@torch.no_grad()
+def predict(model: CLIP, images: torch.Tensor, classifier: torch.Tensor) -> torch.Tensor:
+    """Class scores ``(B, K)`` for preprocessed ``images`` ``(B, C, H, W)``.
+
+    Softmax over classes (rows sum to 1) for CLIP; independent sigmoids (each in
+    ``[0, 1]``, multi-label) when the model has a ``logit_bias`` (SigLIP-style).
+    """
+    logits = zero_shot_logits(model, model.encode_image(images), classifier)
+    return logits.sigmoid() if model.logit_bias is not None else logits.softmax(dim=-1)

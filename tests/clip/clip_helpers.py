@@ -1,0 +1,68 @@
+"""Helpers for attn_clip tests: tiny open_clip configs and reference models with non-trivial
+weights (LayerNorm scales/biases perturbed so swapped or missing norms cannot hide).
+
+Imported by path from conftest.py (pytest runs with --import-mode=importlib); tests get it
+through the ``h`` fixture."""
+
+from __future__ import annotations
+
+import copy
+
+import open_clip
+import torch
+
+TINY_OC_CFG = {
+    "embed_dim": 32,
+    "vision_cfg": {"image_size": 32, "patch_size": 8, "width": 64, "layers": 2, "head_width": 16},
+    "text_cfg": {"context_length": 20, "vocab_size": 49408, "width": 48, "heads": 4, "layers": 2},
+}
+
+CAPTIONS = [
+    "a photo of a dog",
+    "a cat sitting on a mat, wearing a small red hat!",
+    "",
+    "Ünïcode & emoji 🙂 text " * 6,  # longer than 20 tokens: truncated
+]
+
+
+def oc_cfg(**updates) -> dict:
+    """TINY_OC_CFG with ``vision_cfg`` / ``text_cfg`` / top-level keys updated."""
+    cfg = copy.deepcopy(TINY_OC_CFG)
+    for key, value in updates.items():
+        if key in ("vision_cfg", "text_cfg"):
+            cfg[key].update(value)
+        else:
+            cfg[key] = value
+    return cfg
+
+
+@torch.no_grad()
+def perturb_(model: torch.nn.Module, std: float = 0.02) -> torch.nn.Module:
+    """Add noise to every vector / scalar parameter (norms, biases, embeddings initialised to
+    constants) in place; weight matrices are random already. Returns the model in eval mode."""
+    for p in model.parameters():
+        if p.ndim <= 1:
+            p.add_(torch.randn_like(p) * std)
+    return model.eval()
+
+
+@torch.no_grad()
+def random_fill_(model: torch.nn.Module, std: float = 0.02) -> torch.nn.Module:
+    """Overwrite every parameter: norm scales ~ 1 + noise, all others ~ N(0, std^2)."""
+    for name, p in model.named_parameters():
+        if p.ndim == 1 and "norm" in name and name.endswith("weight"):
+            p.normal_(1.0, 0.1)
+        elif name.endswith("logit_scale"):
+            p.fill_(2.6592)
+        else:
+            p.normal_(0.0, std)
+    return model.eval()
+
+
+def make_open_clip(cfg: dict) -> torch.nn.Module:
+    """A random open_clip ``CLIP`` for ``cfg`` with perturbed weights."""
+    return perturb_(open_clip.model.CLIP(**copy.deepcopy(cfg)))
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.float() - b.float()).abs().max().item()

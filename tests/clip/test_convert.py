@@ -1,0 +1,170 @@
+"""Converters: format detection, loud errors, open_clip <-> attn_clip round trip, TorchScript."""
+
+from __future__ import annotations
+
+import warnings
+
+import open_clip
+import pytest
+import torch
+from attn_clip import (
+    CLIP,
+    CLIPConfig,
+    check_state_dict,
+    convert_open_clip,
+    create_model,
+    detect_format,
+    load_checkpoint,
+    read_checkpoint,
+    to_open_clip,
+)
+from open_clip.model import convert_weights_to_fp16
+from torch.testing import assert_close
+
+TOL = {"atol": 1e-4, "rtol": 1e-4}
+
+
+@pytest.fixture
+def ref(h):
+    return h.make_open_clip(h.oc_cfg())
+
+
+@pytest.fixture
+def ours(h):
+    return CLIP(CLIPConfig.from_open_clip(h.oc_cfg())).eval()
+
+
+def test_detect_format(ref, ours):
+    sd = ref.state_dict()
+    assert detect_format(sd) == "open_clip"
+    assert detect_format({f"module.{k}": v for k, v in sd.items()}) == "open_clip"
+    custom_text = {
+        (f"text.{k}" if not k.startswith(("visual.", "logit")) else k): v for k, v in sd.items()
+    }
+    assert detect_format(custom_text) == "open_clip"
+    assert detect_format(ours.state_dict()) == "attn_clip"
+    with pytest.raises(ValueError, match="unrecognised CLIP checkpoint.*first keys"):
+        detect_format({"encoder.weight": torch.zeros(1)})
+    with pytest.raises(ValueError, match="ResNet"):
+        detect_format({"visual.layer1.0.conv1.weight": torch.zeros(1)})
+
+
+def test_custom_text_layout_and_ddp_prefix_load(ref, ours, tiny_images, tiny_tokens):
+    sd = ref.state_dict()
+    custom = {
+        (f"text.{k}" if not k.startswith(("visual.", "logit")) else k): v for k, v in sd.items()
+    }
+    for variant in (custom, {f"module.{k}": v for k, v in sd.items()}):
+        model = load_checkpoint(CLIP(ours.config).eval(), variant)
+        with torch.no_grad():
+            assert_close(model.encode_text(tiny_tokens), ref.encode_text(tiny_tokens), **TOL)
+
+
+def test_unknown_key_is_named(ref):
+    sd = dict(ref.state_dict())
+    sd["visual.transformer.resblocks.0.attn.q_norm.weight"] = torch.ones(16)
+    with pytest.raises(ValueError, match=r"no converter rule knows: .*resblocks\.0\.attn\.q_norm"):
+        convert_open_clip(sd)
+
+
+def test_missing_and_shape_mismatch_are_listed(h, ref, ours):
+    sd = dict(ref.state_dict())
+    del sd["ln_final.bias"]
+    with pytest.raises(ValueError, match=r"missing keys: text\.ln_final\.bias"):
+        load_checkpoint(ours, sd)
+    bigger = h.make_open_clip(h.oc_cfg(vision_cfg={"image_size": 48}))  # 6x6 grid, not 4x4
+    with pytest.raises(
+        ValueError,
+        match=r"visual\.trunk\.pos_embed: checkpoint \(1, 37, 64\) vs model \(1, 17, 64\)",
+    ):
+        load_checkpoint(ours, bigger.state_dict())
+    biased = h.make_open_clip(h.oc_cfg(init_logit_bias=-10.0))
+    with pytest.raises(ValueError, match="unexpected keys: logit_bias"):
+        load_checkpoint(ours, biased.state_dict())
+
+
+def test_check_state_dict_passes_a_fitting_dict(ours):
+    sd = ours.state_dict()
+    assert check_state_dict(sd, sd).keys() == sd.keys()
+
+
+@pytest.mark.parametrize(
+    "cfg_update",
+    [
+        {},
+        {
+            "vision_cfg": {"final_ln_after_pool": True, "pool_type": "avg"},
+            "text_cfg": {"proj_bias": True},
+        },
+    ],
+)
+def test_to_open_clip_round_trip(h, cfg_update, tiny_images, tiny_tokens):
+    cfg = h.oc_cfg(**cfg_update)
+    ref = h.make_open_clip(cfg)
+    ours = load_checkpoint(CLIP(CLIPConfig.from_open_clip(cfg)).eval(), ref.state_dict())
+    back = to_open_clip(ours.state_dict())
+    assert back.keys() == ref.state_dict().keys()
+    for k, v in ref.state_dict().items():
+        assert torch.equal(back[k], v), k
+    assert CLIPConfig.from_open_clip(ours.config.to_open_clip()) == ours.config
+
+
+def _torchscript_archive(model: torch.nn.Module, path, images, tokens) -> None:
+    """Mimic OpenAI's released ``ViT-*.pt``: a traced fp16 model with three int buffers."""
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self, clip):
+            super().__init__()
+            for name, child in clip.named_children():
+                self.add_module(name, child)
+            for name, p in clip.named_parameters(recurse=False):
+                self.register_parameter(name, p)
+            self.register_buffer("input_resolution", torch.tensor(32))
+            self.register_buffer("context_length", torch.tensor(20))
+            self.register_buffer("vocab_size", torch.tensor(49408))
+            self.clip = [clip]
+
+        def forward(self, image, text):
+            return self.clip[0].get_logits(image, text)
+
+    wrapper = Wrapper(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        traced = torch.jit.trace(wrapper, (images, tokens), check_trace=False)
+        traced.save(str(path))
+
+
+def test_openai_torchscript_archive(h, tmp_path, tiny_images, tiny_tokens):
+    ref = h.make_open_clip(h.oc_cfg(quick_gelu=True))
+    convert_weights_to_fp16(ref)  # OpenAI ships fp16 weights; compare against the same rounding
+    ref.float()
+    path = tmp_path / "ViT-tiny.pt"
+    _torchscript_archive(ref, path, tiny_images, tiny_tokens)
+    ckpt = read_checkpoint(path)
+    assert ckpt.kind == "torchscript" and "input_resolution" in ckpt.state_dict
+    # the config is GELU, the archive is OpenAI's: QuickGELU comes with the weights
+    model = create_model(CLIPConfig.from_open_clip(h.oc_cfg()), pretrained=path)
+    assert model.config.quick_gelu
+    with torch.no_grad():
+        assert_close(model.encode_image(tiny_images), ref.encode_image(tiny_images), **TOL)
+        assert_close(model.encode_text(tiny_tokens), ref.encode_text(tiny_tokens), **TOL)
+    with pytest.raises(ValueError, match="QuickGELU"):
+        create_model(CLIPConfig.from_open_clip(h.oc_cfg()), pretrained=path, quick_gelu=False)
+
+
+@pytest.mark.slow
+def test_open_clip_meta_layout_matches_every_listed_model():
+    """Every buildable architecture has exactly open_clip's tensors (names and shapes)."""
+    from attn_clip import get_model_config, list_models
+
+    seen = set()
+    for name in list_models():
+        cfg = open_clip.get_model_config(name)
+        cfg.pop("quick_gelu", None)  # the activation does not change the tensors
+        if (key := repr(sorted(cfg.items()))) in seen:
+            continue
+        seen.add(key)
+        with torch.device("meta"):
+            ref = open_clip.model.CLIP(**open_clip.get_model_config(name))
+            ours = CLIP(get_model_config(name))
+        check_state_dict(convert_open_clip(ref.state_dict()), ours.state_dict())

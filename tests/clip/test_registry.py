@@ -1,0 +1,61 @@
+"""Registry: names and tags come from open_clip and resolve to the files it downloads."""
+
+from __future__ import annotations
+
+import os
+
+import open_clip
+import open_clip.pretrained as oc_pretrained
+import pytest
+from attn_clip import get_model_config, get_pretrained_cfg, list_models, list_pretrained
+from attn_clip.registry import list_pretrained_tags
+
+
+def test_list_models_has_the_vit_clips_and_only_them():
+    names = set(list_models())
+    required = {"ViT-B-32", "ViT-B-16", "ViT-L-14", "ViT-H-14", "ViT-bigG-14", "ViT-L-14-336"}
+    required |= {f"{n}-quickgelu" for n in ("ViT-B-32", "ViT-B-16", "ViT-L-14", "ViT-H-14")}
+    assert required <= names
+    assert names <= set(open_clip.list_models())
+    for excluded in ("RN50", "coca_ViT-B-32", "ViT-B-16-SigLIP", "EVA02-B-16", "convnext_base"):
+        assert excluded not in names
+    assert get_model_config("ViT-B-32-quickgelu").quick_gelu
+    assert not get_model_config("ViT-B-32").quick_gelu
+
+
+def test_every_tag_resolves_to_the_file_open_clip_downloads():
+    pairs = list_pretrained()
+    assert ("ViT-B-32", "laion2b_s34b_b79k") in pairs and ("ViT-L-14", "openai") in pairs
+    assert "ViT-B-32:openai" in list_pretrained(as_str=True)
+    for name, tag in pairs:
+        src = get_pretrained_cfg(name, tag)
+        cfg = oc_pretrained.get_pretrained_cfg(name, tag)
+        repo, filename = os.path.split(cfg["hf_hub"])
+        filename = filename or "open_clip_pytorch_model.bin"
+        assert src.hf_hub_id == repo
+        assert list(src.filenames) == [*oc_pretrained._get_safe_alternatives(filename), filename]
+        assert src.quick_gelu == cfg.get("quick_gelu", False)
+        pre = src.preprocess
+        assert (pre.mean, pre.std) == (tuple(cfg["mean"]), tuple(cfg["std"]))
+        assert (pre.interpolation, pre.resize_mode) == (cfg["interpolation"], cfg["resize_mode"])
+        assert pre.size == open_clip.get_model_config(name)["vision_cfg"]["image_size"]
+
+
+def test_known_examples():
+    src = get_pretrained_cfg("ViT-B-32", "laion2b_s34b_b79k")
+    assert src.hf_hub_id == "laion/CLIP-ViT-B-32-laion2B-s34B-b79K"
+    assert src.filenames == ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
+    assert not src.quick_gelu
+    openai = get_pretrained_cfg("ViT-B-16", "openai")
+    assert openai.quick_gelu and openai.hf_hub_id == "timm/vit_base_patch16_clip_224.openai"
+    assert get_pretrained_cfg("ViT-L-14-CLIPA", "datacomp1b").preprocess.resize_mode == "squash"
+    assert "datacomp_xl_s13b_b90k" in list_pretrained_tags("ViT-B-16")
+
+
+def test_clear_errors():
+    with pytest.raises(ValueError, match=r"unknown model 'ViT-B-33'.*did you mean.*ViT-B-32"):
+        get_model_config("ViT-B-33")
+    with pytest.raises(ValueError, match="RN50.*cannot be built.*ResNet"):
+        get_model_config("RN50")
+    with pytest.raises(ValueError, match="unknown pretrained tag 'nope'.*laion2b_s34b_b79k"):
+        get_pretrained_cfg("ViT-B-32", "nope")

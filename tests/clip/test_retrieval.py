@@ -1,0 +1,138 @@
+"""Retrieval: exact chunked top-k, index save/load and corruption errors, recall@k."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from attn_clip import EmbeddingIndex, retrieval_metrics
+
+
+def _index(n: int = 500, d: int = 16) -> tuple[EmbeddingIndex, torch.Tensor]:
+    emb = torch.randn(n, d)
+    index = EmbeddingIndex(d)
+    index.add(emb[:300], ids=[f"img_{i}.png" for i in range(300)])
+    index.add(emb[300:])  # default ids: row numbers
+    return index, emb
+
+
+@pytest.mark.parametrize("chunk_size", [7, 64, 100_000])
+def test_search_is_exact_top_k(chunk_size):
+    index, emb = _index()
+    queries = torch.randn(9, 16)
+    res = index.search(queries, k=5, chunk_size=chunk_size, use_faiss=False)
+    sims = F.normalize(queries, dim=-1) @ F.normalize(emb, dim=-1).T
+    best = sims.topk(5, dim=1)
+    torch.testing.assert_close(res.scores, best.values)
+    assert torch.equal(res.indices, best.indices)
+    assert res.ids[0][0] == index.ids[int(best.indices[0, 0])]
+    assert index.ids[:2] == ["img_0.png", "img_1.png"] and index.ids[300] == "300"
+
+
+def test_search_edge_cases():
+    index, emb = _index(n=320)
+    res = index.search(emb[5], k=1000, use_faiss=False)  # one (D,) query; k > N
+    assert res.indices.shape == (1, 320) and res.indices[0, 0] == 5
+    with pytest.raises(ValueError, match=r"\(Q, 16\)"):
+        index.search(torch.randn(2, 3))
+    with pytest.raises(ValueError, match="empty"):
+        EmbeddingIndex(4).search(torch.randn(1, 4))
+    with pytest.raises(ValueError, match="ids"):
+        EmbeddingIndex(4).add(torch.randn(3, 4), ids=["a"])
+    with pytest.raises(ValueError, match=r"\(n, 4\)"):
+        EmbeddingIndex(4).add(torch.randn(3, 5))
+
+
+def test_faiss_matches_exact_search():
+    pytest.importorskip("faiss")
+    index, _ = _index()
+    q = torch.randn(4, 16)
+    exact = index.search(q, k=5, use_faiss=False)
+    fast = index.search(q, k=5, use_faiss=True)
+    torch.testing.assert_close(fast.scores, exact.scores, atol=1e-5, rtol=1e-5)
+    assert torch.equal(fast.indices, exact.indices)
+
+
+def test_save_load_round_trip(tmp_path):
+    index, _ = _index()
+    tensor_path, meta_path = index.save(tmp_path / "gallery")
+    assert tensor_path.name == "gallery.safetensors" and meta_path.name == "gallery.json"
+    loaded = EmbeddingIndex.load(tmp_path / "gallery.safetensors")
+    assert loaded.ids == index.ids and loaded.dim == 16
+    assert torch.equal(loaded.embeddings, index.embeddings)
+    q = torch.randn(3, 16)
+    assert torch.equal(loaded.search(q, 4).indices, index.search(q, 4).indices)
+
+
+def test_corrupt_or_truncated_index_is_a_clear_error(tmp_path):
+    index, _ = _index()
+    tensor_path, meta_path = index.save(tmp_path / "idx")
+    data = tensor_path.read_bytes()
+
+    tensor_path.write_bytes(data[: len(data) // 2])  # truncated
+    with pytest.raises(ValueError, match="corrupt or truncated"):
+        EmbeddingIndex.load(tmp_path / "idx")
+    with pytest.raises(ValueError, match="corrupt or truncated"):  # without the checksum too
+        EmbeddingIndex.load(tmp_path / "idx", verify=False)
+
+    flipped = bytearray(data)
+    flipped[-5] ^= 0xFF  # a flipped bit in the tensor data: only the checksum sees it
+    tensor_path.write_bytes(bytes(flipped))
+    with pytest.raises(ValueError, match="SHA-256"):
+        EmbeddingIndex.load(tmp_path / "idx")
+
+    tensor_path.write_bytes(data)
+    meta_path.write_text(meta_path.read_text()[:40])  # truncated sidecar
+    with pytest.raises(ValueError, match="corrupt embedding index sidecar"):
+        EmbeddingIndex.load(tmp_path / "idx")
+
+    meta = json.loads(json.dumps({"format": "attn_clip.EmbeddingIndex", "version": 1}))
+    meta.update(dim=16, count=3, ids=["a", "b", "c"], sha256=None)
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="does not match its sidecar"):
+        EmbeddingIndex.load(tmp_path / "idx", verify=False)
+
+    meta_path.write_text(json.dumps({"something": "else"}))
+    with pytest.raises(ValueError, match="not an attn_clip embedding index"):
+        EmbeddingIndex.load(tmp_path / "idx")
+    with pytest.raises(FileNotFoundError, match="missing"):
+        EmbeddingIndex.load(tmp_path / "nothing_here")
+
+
+def _brute_force_recall(img, txt, counts, ks):
+    owner = [i for i, c in enumerate(counts) for _ in range(c)]
+    sims = F.normalize(img, dim=-1) @ F.normalize(txt, dim=-1).T
+    out = {}
+    for k in ks:
+        i2t = [any(owner[j] == i for j in sims[i].argsort(descending=True)[:k].tolist())
+               for i in range(len(counts))]  # fmt: skip
+        t2i = [
+            owner[j] in sims[:, j].argsort(descending=True)[:k].tolist() for j in range(len(owner))
+        ]
+        out[f"image_to_text_R@{k}"] = sum(i2t) / len(i2t)
+        out[f"text_to_image_R@{k}"] = sum(t2i) / len(t2i)
+    return out
+
+
+@pytest.mark.parametrize("counts", [[1] * 40, [5] * 12, [1, 3, 2, 5, 1, 4, 2, 2, 3, 1, 1, 6]])
+def test_retrieval_metrics_match_brute_force(counts):
+    n_img, n_txt = len(counts), sum(counts)
+    img = torch.randn(n_img, 8)
+    owner = torch.repeat_interleave(torch.arange(n_img), torch.tensor(counts))
+    # noisy captions, so recall is strictly between 0 and 1
+    txt = img[owner] + 1.3 * torch.randn(n_txt, 8)
+    tpi = counts[0] if len(set(counts)) == 1 else counts
+    got = retrieval_metrics(img, txt, tpi, ks=(1, 5, 10), chunk_size=5)
+    expected = _brute_force_recall(img, txt, counts, (1, 5, 10))
+    assert got == pytest.approx(expected)
+    assert 0 < got["text_to_image_R@1"] < 1
+
+
+def test_retrieval_metrics_perfect_and_errors():
+    x = torch.randn(10, 8)
+    m = retrieval_metrics(x, x)
+    assert m["image_to_text_R@1"] == 1.0 and m["text_to_image_R@1"] == 1.0
+    with pytest.raises(ValueError, match="texts_per_image"):
+        retrieval_metrics(x, torch.randn(15, 8), texts_per_image=2)

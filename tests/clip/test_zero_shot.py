@@ -1,0 +1,78 @@
+"""Zero-shot: classifier weights equal open_clip's; softmax vs sigmoid scores."""
+
+from __future__ import annotations
+
+import open_clip
+import pytest
+import torch
+from attn_clip import (
+    CLIP,
+    IMAGENET_CLASSNAMES,
+    OPENAI_IMAGENET_TEMPLATES,
+    SIMPLE_TEMPLATES,
+    CLIPConfig,
+    Tokenizer,
+    build_zero_shot_classifier,
+    load_checkpoint,
+    predict,
+    zero_shot_logits,
+)
+from torch.testing import assert_close
+
+
+def test_template_sets():
+    assert len(OPENAI_IMAGENET_TEMPLATES) == 80 and len(IMAGENET_CLASSNAMES) == 1000
+    assert OPENAI_IMAGENET_TEMPLATES[0]("dog") == "a bad photo of a dog."
+    assert IMAGENET_CLASSNAMES[0] == "tench"
+    assert SIMPLE_TEMPLATES == ("a photo of a {}.",)
+
+
+@pytest.mark.parametrize(
+    ("templates", "batch_size"),
+    [
+        (OPENAI_IMAGENET_TEMPLATES[:12], 3),
+        (SIMPLE_TEMPLATES, None),
+        (["a {} photo.", "art of a {}"], 2),
+    ],
+)
+def test_classifier_equals_open_clip(h, templates, batch_size):
+    cfg = h.oc_cfg()
+    ref = h.make_open_clip(cfg)
+    ours = load_checkpoint(CLIP(CLIPConfig.from_open_clip(cfg)).eval(), ref.state_dict())
+    tokenizer = Tokenizer(20)
+    classes = list(IMAGENET_CLASSNAMES[:7])
+    weights = build_zero_shot_classifier(ours, tokenizer, classes, templates, batch_size=batch_size)
+    expected = open_clip.build_zero_shot_classifier(
+        ref, tokenizer, classes, templates, num_classes_per_batch=batch_size
+    )
+    assert weights.shape == (32, 7)
+    assert_close(weights, expected, atol=1e-5, rtol=1e-5)
+    assert_close(weights.norm(dim=0), torch.ones(7))
+
+
+def test_classifier_input_errors(h):
+    model = CLIP(CLIPConfig.from_open_clip(h.oc_cfg())).eval()
+    with pytest.raises(ValueError, match="classnames"):
+        build_zero_shot_classifier(model, Tokenizer(20), [], SIMPLE_TEMPLATES)
+    with pytest.raises(ValueError, match="templates"):
+        build_zero_shot_classifier(model, Tokenizer(20), ["cat"], "a photo of a {}.")
+
+
+def test_predict_softmax_for_clip_and_sigmoid_for_siglip(h, tiny_images):
+    classes = ["cat", "dog", "car", "tree"]
+    for bias, softmax in ((None, True), (-10.0, False)):
+        model = CLIP(CLIPConfig.from_open_clip(h.oc_cfg(init_logit_bias=bias))).eval()
+        clf = build_zero_shot_classifier(model, Tokenizer(20), classes)
+        scores = predict(model, tiny_images, clf)
+        assert scores.shape == (3, 4) and ((scores >= 0) & (scores <= 1)).all()
+        with torch.no_grad():
+            logits = zero_shot_logits(model, model.encode_image(tiny_images), clf)
+            expected = model(
+                tiny_images, Tokenizer(20)(["a photo of a " + c + "." for c in classes])
+            )
+        assert_close(logits, expected.logits_per_image, atol=1e-4, rtol=1e-4)
+        if softmax:
+            assert_close(scores.sum(-1), torch.ones(3))
+        else:
+            assert_close(scores, torch.sigmoid(logits))
+            assert not torch.allclose(scores.sum(-1), torch.ones(3))
