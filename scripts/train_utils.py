@@ -13,6 +13,8 @@ Each piece is a plain function or a tiny class, usable on its own:
   state in ``trainer_state.pt`` (read back with ``weights_only=True``). Resuming continues
   bit for bit where the run stopped.
 * :class:`RunLogger` -- JSONL log plus console lines, main process only.
+* :func:`check_finite` -- stop every rank with :class:`NonFiniteLossError` (a clear message
+  naming the last good checkpoint) when the loss is NaN / inf, before anything is saved.
 * :func:`inverse_sqrt_schedule`, :func:`cosine_schedule` -- LR multipliers for ``LambdaLR``.
 
 Import from a script with ``sys.path.insert(0, str(Path(__file__).parent))``.
@@ -40,9 +42,13 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 __all__ = [
     "Distributed",
+    "NonFiniteLossError",
     "ResumableSampler",
     "RunLogger",
+    "all_reduce_min",
+    "all_reduce_sum",
     "autocast",
+    "check_finite",
     "cleanup_distributed",
     "cosine_schedule",
     "inverse_sqrt_schedule",
@@ -117,6 +123,20 @@ def all_reduce_mean(value: float, d: Distributed) -> float:
     t = torch.tensor([value], dtype=torch.float64, device=d.device)
     dist.all_reduce(t)
     return t.item() / d.world_size
+
+
+def all_reduce_sum(value: float, d: Distributed) -> float:
+    """Sum of a Python number over all ranks."""
+    return all_reduce_mean(value, d) * d.world_size
+
+
+def all_reduce_min(value: int, d: Distributed) -> int:
+    """Smallest of an integer over all ranks (e.g. to trim batches to a common size)."""
+    if not d.enabled:
+        return value
+    t = torch.tensor([value], dtype=torch.long, device=d.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())
 
 
 def wrap_ddp(model: nn.Module, d: Distributed) -> nn.Module:
@@ -354,6 +374,43 @@ def load_checkpoint(
     else:  # a different number of processes: continue, but not bit-exactly
         seed_everything(int(state["progress"].get("seed", 0)) + len(rngs), d.rank)
     return state["progress"]
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss became NaN / inf; the run stopped without saving anything."""
+
+
+def check_finite(
+    loss: torch.Tensor | float,
+    d: Distributed,
+    *,
+    checkpoint: str | Path,
+    step: int,
+    epoch: int,
+    log: RunLogger | None = None,
+) -> None:
+    """Raise :class:`NonFiniteLossError` on every rank if any rank's ``loss`` is not finite.
+
+    Call it before ``backward()`` / ``optimizer.step()``, so the weights and the checkpoint
+    at ``checkpoint`` (the last good one) stay untouched. ``step`` is the update that failed.
+    """
+    value = float(loss.detach().float().item() if isinstance(loss, torch.Tensor) else loss)
+    if all_reduce_mean(float(not math.isfinite(value)), d) == 0:
+        return
+    found = find_checkpoint(checkpoint)
+    if found is None:
+        good = "no checkpoint had been written yet"
+    else:
+        state = torch.load(found / "trainer_state.pt", map_location="cpu", weights_only=True)
+        good = f"the last good checkpoint is {found} (step {state['progress']['step']})"
+    message = (
+        f"loss is {value if not math.isfinite(value) else 'not finite on another rank'} at "
+        f"update {step} (epoch {epoch}); stopped without saving: {good}. Lower --lr, add "
+        "--grad-clip, use --precision fp32, or check the data."
+    )
+    if log is not None:
+        log.log({"event": "nonfinite_loss", "step": step, "message": message}, echo=False)
+    raise NonFiniteLossError(message)
 
 
 # -- logging -----------------------------------------------------------------------------

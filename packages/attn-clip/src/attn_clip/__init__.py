@@ -20,6 +20,14 @@ _EXPORTS = {
         "detect_format",
         "to_open_clip",
     ],
+    "explain": [
+        "explain_image",
+        "heatmap_overlay",
+        "image_features_with_attention",
+        "image_relevancy",
+        "input_box",
+        "save_explanation",
+    ],
     "factory": [
         "create_model",
         "create_model_and_transforms",
@@ -77,6 +85,14 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
         convert_open_clip,
         detect_format,
         to_open_clip,
+    )
+    from .explain import (
+        explain_image,
+        heatmap_overlay,
+        image_features_with_attention,
+        image_relevancy,
+        input_box,
+        save_explanation,
     )
     from .factory import create_model, create_model_and_transforms, load_checkpoint, save_pretrained
     from .loss import ClipLoss, SigLipLoss

@@ -8,7 +8,9 @@ Model names (the first argument):
 * ``"hf-hub:<repo id>"`` -- an open_clip hub repo (``open_clip_config.json``) or a
   transformers ``CLIPModel`` repo (``config.json``, e.g. ``openai/clip-vit-base-patch32``);
 * ``"local-dir:<path>"`` or a folder path -- the same two layouts on disk;
-* a :class:`CLIPConfig`.
+* a :class:`CLIPConfig`;
+* a bundled model (``"demo-shapes"``): its weights ship inside attn_clip, so
+  ``create_model("demo-shapes", pretrained=True)`` works with no network.
 
 What the weights were trained with wins over the name's defaults: the tag's QuickGELU
 flag (``ViT-B-32`` + ``openai`` builds QuickGELU, where open_clip only warns), the
@@ -32,7 +34,12 @@ from .config import CLIPConfig, PreprocessConfig
 from .convert import check_state_dict, detect_format, to_attn_clip, to_open_clip
 from .model import CLIP
 from .pretrained import Checkpoint, download_pretrained, read_checkpoint, resolve_source
-from .registry import get_model_config, get_pretrained_cfg, list_pretrained_tags
+from .registry import (
+    default_pretrained_tag,
+    get_model_config,
+    get_pretrained_cfg,
+    list_pretrained_tags,
+)
 from .tokenizer import get_tokenizer
 from .transforms import image_transform
 
@@ -155,9 +162,20 @@ def load_checkpoint(
     return model
 
 
+def _bundled_file(source) -> Path:
+    path = Path(source.file)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"the bundled weights of {source.model}:{source.tag} are missing ({path}); "
+            "reinstall attn-clip, or train them with scripts/train_clip.py (docs/training.md) "
+            "and pass pretrained=<path>"
+        )
+    return path
+
+
 def create_model(
     model_name: str | CLIPConfig,
-    pretrained: str | os.PathLike | None = None,
+    pretrained: str | os.PathLike | bool | None = None,
     *,
     device: str | torch.device | None = None,
     precision: str = "fp32",
@@ -169,7 +187,8 @@ def create_model(
 
     Args:
         model_name: architecture name, ``hf-hub:`` / ``local-dir:`` name, folder or config.
-        pretrained: a pretrained tag of ``model_name``, or a checkpoint file / folder.
+        pretrained: a pretrained tag of ``model_name``, or a checkpoint file / folder;
+            ``True`` = a bundled model's own weights (``"demo-shapes"``).
         device: where to put the model.
         precision: ``fp32`` / ``amp`` / ``amp_bf16`` (fp32 weights), ``fp16`` /
             ``pure_fp16``, ``bf16`` / ``pure_bf16`` (weights cast).
@@ -207,11 +226,25 @@ def create_model(
         else:
             config = get_model_config(name)
 
+    if pretrained is False:
+        pretrained = None
+    if pretrained is True:
+        default = default_pretrained_tag(model_name) if isinstance(model_name, str) else None
+        if default is None:
+            tags = list_pretrained_tags(model_name) if isinstance(model_name, str) else []
+            raise ValueError(
+                f"pretrained=True needs a model with bundled weights (e.g. 'demo-shapes'); "
+                f"pass one of the tags of {model_name!r} ({tags or 'none'}) or a path"
+            )
+        pretrained = default
     if pretrained is not None:
         tags = list_pretrained_tags(model_name) if isinstance(model_name, str) else []
         if isinstance(pretrained, str) and _clean_tag(pretrained) in tags:
             source = get_pretrained_cfg(model_name, _clean_tag(pretrained))
-            ckpt = read_checkpoint(resolve_source(source, **hub_kwargs))
+            if source.file:
+                ckpt = read_checkpoint(_bundled_file(source))
+            else:
+                ckpt = read_checkpoint(resolve_source(source, **hub_kwargs))
             preprocess, tag_quick_gelu = source.preprocess, source.quick_gelu
         elif os.path.exists(pretrained):
             ckpt = read_checkpoint(pretrained)

@@ -11,7 +11,7 @@ for SigLIP-style (sigmoid-loss) models.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -67,14 +67,42 @@ class CLIP(nn.Module):
 
     def encode_image(self, images: torch.Tensor, normalize: bool = False) -> torch.Tensor:
         """``(B, C, H, W)`` preprocessed images -> ``(B, E)`` embeddings."""
-        dtype = self.visual.proj.weight.dtype
-        features = self.visual(images.to(dtype))
+        dtype = self.visual.trunk.patch_embed.proj.weight.dtype  # the layer images meet first
+        # trunk.forward_pre_logits == trunk.forward_head(trunk.forward_features(x), True),
+        # but lets the fast inference path skip the rows [CLS] pooling never reads
+        features = self.visual.proj(self.visual.trunk.forward_pre_logits(images.to(dtype)))
         return F.normalize(features, dim=-1) if normalize else features
 
-    def encode_text(self, texts: torch.Tensor, normalize: bool = False) -> torch.Tensor:
-        """``(T, L)`` token ids (see :mod:`attn_clip.tokenizer`) -> ``(T, E)`` embeddings."""
-        features = self.text(texts)
+    def encode_text(
+        self, texts: torch.Tensor, normalize: bool = False, *, truncate: bool = True
+    ) -> torch.Tensor:
+        """``(T, L)`` token ids (see :mod:`attn_clip.tokenizer`) -> ``(T, E)`` embeddings.
+
+        ``truncate=True`` encodes only up to the longest caption's pooled (EOT) token:
+        exact with the causal text tower, and ~7x faster on short prompts than all 77
+        columns (``False``).
+        """
+        features = self.text(texts, truncate=truncate)
         return F.normalize(features, dim=-1) if normalize else features
+
+    def compile_encoders(self, **compile_kwargs: Any) -> CLIP:
+        """``torch.compile`` both towers' inference paths in place; returns ``self``.
+
+        Compiles what ``encode_image`` runs (``visual.trunk.forward_pre_logits``) and the
+        text tower's encoders (``text.forward_features``, and the per-length-group encoder
+        of the CPU fast path) with ``dynamic=True`` by default, so new batch sizes and
+        caption lengths do not recompile. The first calls compile (tens of seconds on a
+        CPU); results equal the eager model's to float rounding. On CPU, Inductor fuses
+        the norms and adds around the same oneDNN matrix products the eager fast path
+        uses (an opaque custom op), so expect about eager speed; the gain is on GPUs.
+        Keyword arguments go to ``torch.compile``.
+        """
+        kwargs = {"dynamic": True, **compile_kwargs}
+        trunk = self.visual.trunk
+        trunk.forward_pre_logits = torch.compile(trunk.forward_pre_logits, **kwargs)
+        self.text.forward_features = torch.compile(self.text.forward_features, **kwargs)
+        self.text._encode_group = torch.compile(self.text._encode_group, **kwargs)
+        return self
 
     def scale(self) -> torch.Tensor:
         """``exp(logit_scale)``; while training the exponent is clamped to ``ln 100``."""

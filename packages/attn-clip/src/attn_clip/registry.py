@@ -5,6 +5,11 @@
 ``-quickgelu`` variants, ...); ``list_pretrained()`` their ``(name, tag)`` pairs;
 ``get_pretrained_cfg(name, tag)`` says where open_clip would download the weights from
 and how images must be preprocessed for them.
+
+attn_clip also has *bundled* models of its own, whose weights ship inside the package
+(no network): ``demo-shapes``, a small CLIP trained by ``scripts/train_clip.py`` on the
+generated shapes of :mod:`attn_clip.shapes` (tag ``shapes``, the default for
+``pretrained=True``). ``list_models(include_bundled=True)`` lists them too.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import difflib
 import functools
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import open_clip
 import open_clip.pretrained as oc_pretrained
@@ -20,7 +26,9 @@ import open_clip.pretrained as oc_pretrained
 from .config import CLIPConfig, PreprocessConfig
 
 __all__ = [
+    "BUNDLED_MODELS",
     "PretrainedSource",
+    "default_pretrained_tag",
     "get_model_config",
     "get_pretrained_cfg",
     "list_models",
@@ -43,6 +51,47 @@ class PretrainedSource:
     url: str = ""  # the original (non-hub) download URL, for reference
     quick_gelu: bool = False  # the weights were trained with QuickGELU
     preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
+    file: str = ""  # a weights file shipped inside attn_clip (bundled models): no download
+
+
+@dataclass(frozen=True)
+class BundledModel:
+    """A model of attn_clip's own: an open_clip-style config and weights in the package."""
+
+    config: dict  # open_clip model config (``embed_dim``, ``vision_cfg``, ``text_cfg``)
+    weights: dict[str, str]  # pretrained tag -> file name under attn_clip/weights/
+    preprocess: PreprocessConfig  # how images must be prepared for the weights
+
+
+WEIGHTS_DIR = Path(__file__).parent / "weights"
+
+BUNDLED_MODELS: dict[str, BundledModel] = {
+    # 32 px images, 8 px patches (16 patches + class token); a 3-block, 128-wide ViT and a
+    # 2-block, 32-wide causal text tower over OpenAI's BPE; ~2.3 M parameters (~4.6 MB fp16).
+    "demo-shapes": BundledModel(
+        config={
+            "embed_dim": 64,
+            "vision_cfg": {
+                "image_size": 32,
+                "patch_size": 8,
+                "width": 128,
+                "layers": 3,
+                "head_width": 32,
+                "mlp_ratio": 4.0,
+            },
+            "text_cfg": {
+                "context_length": 24,
+                "vocab_size": 49408,
+                "width": 32,
+                "heads": 2,
+                "layers": 2,
+                "mlp_ratio": 4.0,
+            },
+        },
+        weights={"shapes": "demo-shapes.safetensors"},
+        preprocess=PreprocessConfig(size=32),
+    ),
+}
 
 
 def _safe_alternatives(filename: str) -> list[str]:
@@ -69,16 +118,22 @@ def _supported_names() -> tuple[str, ...]:
     return tuple(n for n in open_clip.list_models() if _supported(n) is not None)
 
 
-def list_models() -> list[str]:
-    """open_clip architecture names attn_clip can build (ViT towers, BPE-style text tower)."""
-    return list(_supported_names())
+def list_models(include_bundled: bool = False) -> list[str]:
+    """open_clip architecture names attn_clip can build (ViT towers, BPE-style text tower).
+
+    ``include_bundled=True`` adds attn_clip's own models (``demo-shapes``) at the end.
+    """
+    names = list(_supported_names())
+    return names + list(BUNDLED_MODELS) if include_bundled else names
 
 
 def get_model_config(name: str) -> CLIPConfig:
     """The :class:`CLIPConfig` of an open_clip architecture name; clear error if unknown."""
+    if name in BUNDLED_MODELS:
+        return CLIPConfig.from_open_clip(BUNDLED_MODELS[name].config)
     cfg = open_clip.get_model_config(name)
     if cfg is None:
-        close = difflib.get_close_matches(name, list_models(), n=5)
+        close = difflib.get_close_matches(name, list_models(include_bundled=True), n=5)
         hint = f"; did you mean {close}?" if close else "; see attn_clip.list_models()"
         raise ValueError(f"unknown model {name!r}{hint}")
     try:
@@ -96,11 +151,37 @@ def list_pretrained(as_str: bool = False) -> list[tuple[str, str]] | list[str]:
 
 def list_pretrained_tags(name: str) -> list[str]:
     """The pretrained tags of one architecture (empty if it has none)."""
+    if name in BUNDLED_MODELS:
+        return list(BUNDLED_MODELS[name].weights)
     return [t for m, t in list_pretrained() if m == name]
 
 
+def default_pretrained_tag(name: str) -> str | None:
+    """The tag ``pretrained=True`` means: a bundled model's own weights (else None)."""
+    bundled = BUNDLED_MODELS.get(name)
+    return next(iter(bundled.weights)) if bundled else None
+
+
 def get_pretrained_cfg(name: str, tag: str) -> PretrainedSource:
-    """Resolve ``(name, tag)`` to the hub repo/file open_clip downloads and its preprocessing."""
+    """Resolve ``(name, tag)`` to the hub repo/file open_clip downloads and its preprocessing.
+
+    For a bundled model the source is the file inside the package (``file``).
+    """
+    bundled = BUNDLED_MODELS.get(name)
+    if bundled is not None:
+        if tag not in bundled.weights:
+            raise ValueError(
+                f"unknown pretrained tag {tag!r} for {name!r}; known tags: {list(bundled.weights)}"
+            )
+        filename = bundled.weights[tag]
+        return PretrainedSource(
+            model=name,
+            tag=tag,
+            hf_hub_id="",
+            filenames=(filename,),
+            preprocess=bundled.preprocess,
+            file=str(WEIGHTS_DIR / filename),
+        )
     cfg = oc_pretrained.get_pretrained_cfg(name, tag)
     if not cfg:
         tags = list_pretrained_tags(name)

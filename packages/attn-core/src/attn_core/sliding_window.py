@@ -4,12 +4,16 @@ Shape legend: ``B`` batch, ``H`` heads, ``L`` sequence length, ``D`` head width,
 ``c`` chunk length, ``N = ceil(L / c)`` chunks, ``K`` keys visible to one chunk.
 
 The sequence is cut into chunks of ``c`` queries. A chunk's queries can only see the
-``K = c + window`` keys around it (``window - 1`` before it when causal, ``window // 2``
-on each side otherwise), which are overlapping, zero-copy views of the keys. Every chunk
-then runs through the ordinary ``attention()`` entry point with one shared ``(c, K)``
-mask of the window rule; only the few chunks at the edges (sequence ends, global
-tokens) get a mask of their own. Scores take ``B * H * L * K`` memory instead of
-``B * H * L * L``. The rule is the one of :func:`attn_core.masks.sliding_window_mask`.
+``K ~ c + window`` keys around it (``window - 1`` before it when causal, ``window // 2``
+on each side otherwise), which are overlapping, zero-copy views of the keys. All interior
+chunks run through the ordinary ``attention()`` entry point in *one* call, as a batch of
+``B * H`` x ``N`` small attention problems sharing one ``(c, K)`` mask of the window rule,
+so PyTorch's fused CPU / GPU kernels see ``c x K`` score tiles and never a ``L x L`` one.
+The few queries at the sequence ends (and next to global tokens), whose windows would
+leave the sequence, form two short contiguous ranges that get a dense call with an exact
+mask each. Scores take ``B * H * L * K`` memory at most (the fused kernels keep only a
+tile per thread) instead of ``B * H * L * L``. The rule is the one of
+:func:`attn_core.masks.sliding_window_mask`.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from .masks import window_rule
 
 __all__ = ["sliding_window_attention"]
 
+_KEY_ALIGN = 16  # pad each chunk's key window to a multiple of this (SIMD-friendly tiles)
+
 
 def _windows(x: torch.Tensor, start: int, c: int, n: int, K: int) -> torch.Tensor:
     """Overlapping views ``(B*H, n, K, D)`` of ``x`` ``(B, H, L, D)``: window ``i`` holds rows
@@ -29,6 +35,42 @@ def _windows(x: torch.Tensor, start: int, c: int, n: int, K: int) -> torch.Tenso
     x = x.contiguous().view(B * H, L, D)
     s0, s1, s2 = x.stride()
     return x.as_strided((B * H, n, K, D), (s0, c * s1, s1, s2), x.storage_offset() + start * s1)
+
+
+def _dense_range(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    start: int,
+    end: int,
+    before: int,
+    after: int,
+    window: int,
+    causal: bool,
+    g: int,
+    scale: float | None,
+    backend: str | None,
+) -> torch.Tensor:
+    """Exact windowed attention of queries ``start:end`` against the keys they can reach
+    (their window plus the ``g`` global keys), with a dense ``(end - start, keys)`` mask."""
+    L = k.shape[-2]
+    device = q.device
+    k_lo, k_hi = max(0, start - before), min(L, end + after)
+    kpos = torch.arange(k_lo, k_hi, device=device)
+    ks, vs = k[:, :, k_lo:k_hi], v[:, :, k_lo:k_hi]
+    if g > k_lo:  # some global keys fall inside the range already: take the rest too
+        kpos = torch.arange(0, k_hi, device=device)
+        ks, vs = k[:, :, :k_hi], v[:, :, :k_hi]
+    elif g:
+        kpos = torch.cat((torch.arange(g, device=device), kpos))
+        ks = torch.cat((k[:, :, :g], ks), dim=2)
+        vs = torch.cat((v[:, :, :g], vs), dim=2)
+    qpos = torch.arange(start, end, device=device)[:, None]
+    mask = window_rule(qpos, kpos[None, :], window, causal)  # (end - start, keys)
+    if g:
+        glob = kpos[None, :] < g
+        mask |= glob & (kpos[None, :] <= qpos) if causal else glob
+    return attention(q[:, :, start:end], ks, vs, attn_mask=mask, scale=scale, backend=backend)
 
 
 def sliding_window_attention(
@@ -55,7 +97,7 @@ def sliding_window_attention(
         scale: score scale, default ``1 / sqrt(D)``.
         backend: forced ``attention()`` backend for the chunked call.
         chunk_size: queries per chunk (default ``max(window // 8, 16)``); each chunk
-            attends to ``chunk_size + window`` keys, so smaller chunks waste fewer
+            attends to about ``chunk_size + window`` keys, so smaller chunks waste fewer
             masked scores but make smaller matrix products.
 
     Returns:
@@ -82,25 +124,30 @@ def sliding_window_attention(
     after = 0 if causal else window // 2  # ... and after itself
     c = max(1, min(chunk_size or max(window // 8, 16), L))
     n = -(-L // c)
-    K = before + c + after  # keys in one chunk's window
+    # Keys in one chunk's window; the extra `pad` keys in front are always masked, they
+    # only round K up to a multiple of _KEY_ALIGN (full SIMD tiles in the kernels).
+    pad = (-(before + c + after)) % _KEY_ALIGN
+    K = pad + before + c + after
     Dv = v.shape[-1]
-    device = q.device
 
-    # The window rule depends only on (key - query) offsets, identical for every chunk:
-    # chunk i's query a sits at i*c + a and its key b at i*c - before + b.
-    a = torch.arange(c, device=device)[:, None]
-    b = torch.arange(K, device=device)[None, :]
-    pattern = window_rule(a + before, b, window, causal)  # (c, K)
-
-    # Interior chunks: every window key is a real, non-global token, so the windows are
-    # zero-copy views and one shared (c, K) mask serves them all.
-    lo = min(n, -(-(g + before) // c))
-    hi = max(lo, min(L // c, (L - K + before) // c + 1))
-    outs = []
+    # Interior chunks [lo, hi): every window key is a real, non-global token, so the
+    # windows are zero-copy views and one shared (c, K) mask serves them all.
+    lo = min(n, -(-(g + before + pad) // c))
+    hi = max(lo, min(L // c, (L - K + before + pad) // c + 1))
+    parts = []
+    if lo > 0:  # queries near the start (and the global tokens): one dense call
+        parts.append(
+            _dense_range(q, k, v, 0, lo * c, before, after, window, causal, g, scale, backend)
+        )
     if hi > lo:
+        # The window rule depends only on (key - query) offsets, identical for every
+        # chunk: chunk i's query a sits at i*c + a and its key b at i*c - before - pad + b.
+        a = torch.arange(c, device=q.device)[:, None]
+        b = torch.arange(K, device=q.device)[None, :]
+        pattern = window_rule(a + before + pad, b, window, causal)  # (c, K)
         qc = q.reshape(B * H, L, D)[:, lo * c : hi * c].reshape(B * H, hi - lo, c, D)
-        kw = _windows(k, lo * c - before, c, hi - lo, K)  # (B*H, hi - lo, K, D)
-        vw = _windows(v, lo * c - before, c, hi - lo, K)
+        kw = _windows(k, lo * c - before - pad, c, hi - lo, K)  # (B*H, hi - lo, K, D)
+        vw = _windows(v, lo * c - before - pad, c, hi - lo, K)
         if g:  # ... plus the g global keys, visible to every interior query
             kw = torch.cat((k[:, :, :g].reshape(B * H, 1, g, D).expand(-1, hi - lo, -1, -1), kw), 2)
             vw = torch.cat(
@@ -108,34 +155,12 @@ def sliding_window_attention(
             )
             pattern = torch.cat((pattern.new_ones(c, g), pattern), dim=-1)
         inner = attention(qc, kw, vw, attn_mask=pattern, scale=scale, backend=backend)
-        outs.append((lo * c, inner.reshape(B, H, (hi - lo) * c, Dv)))
-
-    # Edge chunks (sequence ends, global tokens): gather their keys, mask each exactly.
-    edge = [i for i in range(n) if not lo <= i < hi]
-    if edge:
-        idx = torch.tensor(edge, device=device)
-        qpos = (idx[:, None] * c + a.T).clamp(max=L - 1)  # (n_edge, c)
-        kpos = idx[:, None] * c - before + b  # (n_edge, K)
-        mask = window_rule(qpos[:, :, None], kpos[:, None, :], window, causal)
-        mask &= ((kpos >= g) & (kpos < L))[:, None, :]  # (n_edge, c, K)
-        if g:
-            kpos = torch.cat((torch.arange(g, device=device).expand(len(edge), g), kpos), 1)
-            gvis = kpos[:, None, :g] <= qpos[:, :, None] if causal else mask.new_ones(1, 1, g)
-            mask = torch.cat((gvis.expand(len(edge), c, g), mask), dim=-1)
-        kpos = kpos.clamp(0, L - 1)
-        eq, ek, ev = q[:, :, qpos.flatten()], k[:, :, kpos.flatten()], v[:, :, kpos.flatten()]
-        edge_out = attention(
-            eq.reshape(B * H, len(edge), c, D),
-            ek.reshape(B * H, len(edge), -1, D),
-            ev.reshape(B * H, len(edge), -1, Dv),
-            attn_mask=mask[None],
-            scale=scale,
-            backend=backend,
-        ).reshape(B, H, len(edge), c, Dv)
-        for j, i in enumerate(edge):
-            outs.append((i * c, edge_out[:, :, j, : min(c, L - i * c)]))
-    outs.sort(key=lambda t: t[0])
-    out = torch.cat([o for _, o in outs], dim=2)  # (B, H, L, Dv)
+        parts.append(inner.reshape(B, H, (hi - lo) * c, Dv))
+    if hi * c < L:  # queries near the end: one dense call
+        parts.append(
+            _dense_range(q, k, v, hi * c, L, before, after, window, causal, g, scale, backend)
+        )
+    out = torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]  # (B, H, L, Dv)
     if g and not causal:  # global queries attend to the whole sequence
         glob = attention(q[:, :, :g], k, v, scale=scale, backend=backend)
         out = torch.cat((glob, out[:, :, g:]), dim=2)

@@ -1,0 +1,220 @@
+"""Training data: open_clip-style image-caption CSVs and ImageFolder classification sets.
+
+* :class:`CsvImageTextDataset` -- open_clip's CSV convention: one row per image, an image
+  path column (``filepath``) and a caption column (``title``), comma- or tab-separated
+  (detected from the header), paths relative to the CSV's folder. Items are
+  ``(image, caption)``; with a tokenizer the caption becomes its ``(L,)`` token ids.
+* :class:`ImageFolderDataset` -- torchvision's ``ImageFolder`` (``root/<class>/<img>``),
+  optionally with a fixed list of class names so a folder holding only some classes
+  (held-out ones) is labelled against the full list.
+
+Unreadable images (missing, truncated, not an image) never crash a run: the item comes
+back as ``None``, a warning names the file (once per file and process), and
+:func:`collate_skip_unreadable` drops it and reports how many it dropped, so a training
+loop can count them across workers and ranks.
+
+Augmentation can be made independent of worker and rank: with ``seed`` set, the random
+transform of item ``i`` in epoch ``e`` always draws the same numbers
+(``set_epoch(e)``), which is what exact resume and DDP-vs-single-process comparisons need.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import os
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+from torch.utils.data import Dataset, default_collate
+from torchvision.datasets import ImageFolder
+
+__all__ = [
+    "CsvImageTextDataset",
+    "ImageFolderDataset",
+    "UnreadableImageWarning",
+    "collate_skip_unreadable",
+    "load_rgb",
+]
+
+_UNREADABLE = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
+
+
+class UnreadableImageWarning(UserWarning):
+    """An image could not be read and its sample was skipped."""
+
+
+def load_rgb(path: str | os.PathLike) -> Image.Image:
+    """Open and fully decode an image as RGB (raises ``OSError`` & co. when unreadable)."""
+    with Image.open(path) as img:
+        img.load()  # decode now, so a truncated file fails here and not in a transform
+        return img.convert("RGB")
+
+
+class _SkipAndSeed:
+    """Mixin: skip-with-warning bookkeeping and per-item seeded transforms."""
+
+    seed: int | None
+    epoch: int
+    skipped: set[int]
+    _warned: set[str]
+
+    def _init_common(self, seed: int | None) -> None:
+        self.seed, self.epoch = seed, 0
+        self.skipped, self._warned = set(), set()
+
+    def set_epoch(self, epoch: int) -> None:
+        """Random transforms of epoch ``epoch`` (only matters with ``seed`` set)."""
+        self.epoch = epoch
+
+    @contextlib.contextmanager
+    def _rng(self, index: int) -> Iterator[None]:
+        if self.seed is None:
+            yield
+            return
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed((self.seed * 1_000_003 + self.epoch * 100_003 + index) % 2**63)
+            yield
+
+    def _load(self, index: int, path: str) -> Image.Image | None:
+        try:
+            return load_rgb(path)
+        except _UNREADABLE as e:
+            self.skipped.add(index)
+            if path not in self._warned:
+                self._warned.add(path)
+                warnings.warn(
+                    f"skipping unreadable image {path}: {type(e).__name__}: {e}",
+                    UnreadableImageWarning,
+                    stacklevel=3,
+                )
+            return None
+
+
+def _sniff_separator(header: str) -> str:
+    return "\t" if "\t" in header else ","
+
+
+class CsvImageTextDataset(_SkipAndSeed, Dataset):
+    """Image-caption pairs from a CSV in open_clip's convention.
+
+    Args:
+        path: the CSV file; relative image paths are resolved against its folder.
+        transform: PIL image -> tensor (e.g. :func:`attn_clip.image_transform`).
+        tokenizer: captions -> ``(1, L)`` ids; None keeps the caption string.
+        img_key, caption_key: column names (open_clip's ``--csv-img-key`` /
+            ``--csv-caption-key``; defaults ``filepath`` / ``title``).
+        sep: column separator; None detects tab or comma from the header line.
+        seed: makes random transforms a function of ``(seed, epoch, index)``.
+
+    ``dataset[i]`` is ``(image, caption)``, or ``None`` when the image is unreadable.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        transform: Callable[[Image.Image], Any] | None = None,
+        tokenizer: Callable[[list[str]], torch.Tensor] | None = None,
+        img_key: str = "filepath",
+        caption_key: str = "title",
+        sep: str | None = None,
+        seed: int | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.transform, self.tokenizer = transform, tokenizer
+        self._init_common(seed)
+        with open(self.path, newline="", encoding="utf-8") as f:
+            header = f.readline()
+            f.seek(0)
+            reader = csv.DictReader(f, delimiter=sep or _sniff_separator(header))
+            missing = [k for k in (img_key, caption_key) if k not in (reader.fieldnames or [])]
+            if missing:
+                raise ValueError(
+                    f"{self.path}: no column(s) {missing}; the header has {reader.fieldnames} "
+                    "(choose with img_key= / caption_key=, i.e. --csv-img-key / --csv-caption-key)"
+                )
+            rows = []
+            for line, row in enumerate(reader, start=2):
+                image, text = row[img_key], row[caption_key]
+                if not image or text is None:
+                    raise ValueError(f"{self.path}:{line}: empty image path or caption")
+                rows.append((image, text))
+        if not rows:
+            raise ValueError(f"{self.path} has no rows")
+        base = self.path.parent
+        self.images = [str(p if os.path.isabs(p) else base / p) for p, _ in rows]
+        self.captions = [t for _, t in rows]
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int) -> tuple[Any, Any] | None:
+        img = self._load(index, self.images[index])
+        if img is None:
+            return None
+        if self.transform is not None:
+            with self._rng(index):
+                img = self.transform(img)
+        text = self.captions[index]
+        if self.tokenizer is not None:
+            text = self.tokenizer([text])[0]
+        return img, text
+
+
+class ImageFolderDataset(_SkipAndSeed, ImageFolder):
+    """torchvision ``ImageFolder`` that skips unreadable images (returns ``None``).
+
+    ``classnames``: the full, ordered class list. Folder names are matched to it with
+    ``_`` read as a space (``red_circle`` -> ``"red circle"``), so a folder holding only
+    some classes is labelled by its index in the full list. Default: the sorted folder
+    names, as ``ImageFolder`` does.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        transform: Callable[[Image.Image], Any] | None = None,
+        classnames: Sequence[str] | None = None,
+        seed: int | None = None,
+    ) -> None:
+        self._classnames = list(classnames) if classnames is not None else None
+        self._init_common(seed)
+        super().__init__(str(root), transform=transform, allow_empty=classnames is not None)
+
+    def find_classes(self, directory: str | os.PathLike) -> tuple[list[str], dict[str, int]]:
+        folders, _ = super().find_classes(directory)
+        if self._classnames is None:
+            return folders, {name: i for i, name in enumerate(folders)}
+        index = {name.replace("_", " "): i for i, name in enumerate(self._classnames)}
+        unknown = [f for f in folders if f.replace("_", " ") not in index]
+        if unknown:
+            raise ValueError(
+                f"{directory}: folder(s) {unknown} are not among the {len(index)} class names"
+            )
+        return list(self._classnames), {f: index[f.replace("_", " ")] for f in folders}
+
+    def __getitem__(self, index: int) -> tuple[Any, int] | None:
+        path, target = self.samples[index]
+        img = self._load(index, path)
+        if img is None:
+            return None
+        if self.transform is not None:
+            with self._rng(index):
+                img = self.transform(img)
+        if self.target_transform is not None:
+            target = self.target_transform(target)
+        return img, target
+
+
+def collate_skip_unreadable(batch: list[Any]) -> tuple[Any, int]:
+    """``default_collate`` of the readable items and the number of ``None`` items dropped.
+
+    Returns ``(collated, skipped)``; ``collated`` is None when every item was unreadable.
+    """
+    items = [b for b in batch if b is not None]
+    skipped = len(batch) - len(items)
+    return (default_collate(items) if items else None), skipped

@@ -1,0 +1,59 @@
+"""scripts/benchmark.py --quick: every section runs on tiny configs and reports rows, checks
+and goals (a smoke test of the script; timings are not asserted)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "benchmark.py"
+
+
+@pytest.fixture(scope="module")
+def benchmark_script():
+    spec = importlib.util.spec_from_file_location("attn_zoo_benchmark", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+def test_quick_run_writes_tables_and_json(benchmark_script, tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    argv = ["--quick", "--repeats", "1", "--json", str(out), "--markdown", str(tmp_path / "b.md")]
+    threads = torch.get_num_threads()
+    try:  # one thread: tiny ops are not worth a second one (and other jobs may hold the CPU)
+        assert benchmark_script.main([*argv, "--threads", "1"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    printed = capsys.readouterr().out
+    assert "### Goals" in printed and "| ref / ours |" in printed
+    result = json.loads(out.read_text())
+    sections = {row["section"] for row in result["rows"]}
+    assert len(sections) == 6  # image, text, zero-shot, timm ViT, attention kernels, dispatch
+    impls = {row["impl"] for row in result["rows"]}
+    assert {"ours", "open_clip", "timm", "transformers", "ours bf16", "open_clip bf16"} <= impls
+    for row in result["rows"]:
+        assert row["median_ms"] > 0, row
+    checks = " ".join(row["check"] for row in result["rows"])
+    assert "max diff" in checks and "cos to fp32" in checks
+    goals = {g["name"] for g in result["goals"]}
+    assert any(g.startswith("image tower fp32") for g in goals)
+    assert "text tower, 80 prompts" in goals and "zero-shot head 1,000 x 80, ours" in goals
+    # identical weights: ours agrees with every reference (tiny fp32 models)
+    for row in result["rows"]:
+        if row["check"].startswith("max diff"):
+            assert float(row["check"].split()[2].rstrip(";")) <= 1e-4, row
+    assert (tmp_path / "b.md").read_text().startswith("###")
+
+
+def test_bad_section_is_refused(benchmark_script):
+    with pytest.raises(SystemExit):
+        benchmark_script.main(["--only", "nope"])
