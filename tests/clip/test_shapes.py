@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import json
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -116,6 +115,3 @@ def test_write_dataset_layout(tmp_path):
         assert row["title"].startswith("a ") and f"{colour} {shape}" in row["title"]
     train_classes = {p.name for p in (tmp_path / "train").iterdir()}
     assert not train_classes & set(meta["heldout"])
-
-
-# -- the bundled demo model -----------------------------------------------------------------
