@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -115,3 +116,56 @@ def test_write_dataset_layout(tmp_path):
         assert row["title"].startswith("a ") and f"{colour} {shape}" in row["title"]
     train_classes = {p.name for p in (tmp_path / "train").iterdir()}
     assert not train_classes & set(meta["heldout"])
+
+
+# -- the bundled demo model -----------------------------------------------------------------
+
+
+def test_demo_shapes_is_registered_with_bundled_weights():
+    import attn_clip
+    from attn_clip.registry import BUNDLED_MODELS, default_pretrained_tag
+
+    assert "demo-shapes" not in attn_clip.list_models()  # open_clip's names only ...
+    assert "demo-shapes" in attn_clip.list_models(include_bundled=True)  # ... unless asked
+    cfg = attn_clip.get_model_config("demo-shapes")
+    assert (cfg.vision.image_size, cfg.vision.patch_size) == (32, 8)
+    assert default_pretrained_tag("demo-shapes") == "shapes"
+    assert attn_clip.list_pretrained_tags("demo-shapes") == ["shapes"]
+    src = attn_clip.get_pretrained_cfg("demo-shapes", "shapes")
+    path = Path(src.file)
+    assert path.is_file() and path.parent.name == "weights" and not src.hf_hub_id
+    assert path.stat().st_size < 6_000_000  # "a few MB"
+    assert src.preprocess == BUNDLED_MODELS["demo-shapes"].preprocess
+    with pytest.raises(ValueError, match="pretrained=True needs a model with bundled weights"):
+        attn_clip.create_model("ViT-B-32", pretrained=True)
+    with pytest.raises(ValueError, match="unknown pretrained tag 'openai'.*shapes"):
+        attn_clip.get_pretrained_cfg("demo-shapes", "openai")
+
+
+def test_demo_shapes_loads_offline_and_names_unseen_pairs(monkeypatch):
+    import attn_clip
+    import attn_clip.factory
+    import torch
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("the bundled model must not touch the hub")
+
+    monkeypatch.setattr(attn_clip.factory, "download_pretrained", no_network)
+    monkeypatch.setattr(attn_clip.factory, "resolve_source", no_network)
+    model, preprocess, tokenizer = attn_clip.create_model_and_transforms(
+        "demo-shapes", pretrained=True
+    )
+    assert model.preprocess_cfg.size == 32
+    names = [f"{c} {s}" for c, s in shapes.combos("all")]  # all 30, 24 of them seen
+    classifier = attn_clip.build_zero_shot_classifier(model, tokenizer, names, ["a photo of a {}"])
+    samples = shapes.make_dataset(30, seed=2024, split="heldout", image_size=32)
+    images = torch.stack([preprocess(s.image()) for s in samples])
+    pred = attn_clip.predict(model, images, classifier).argmax(dim=-1).tolist()
+    right = [names[p] == f"{s.colour} {s.shape}" for p, s in zip(pred, samples, strict=True)]
+    assert sum(right) >= 18, [names[p] for p in pred]  # never-trained colour-shape pairs
+    # the same scenes rendered at 64 px and resized by the model's own preprocessing
+    big = [shapes.render_shape(s.colour, s.shape, s.size, s.position, s.seed) for s in samples]
+    pred = attn_clip.predict(model, torch.stack([preprocess(b) for b in big]), classifier)
+    pred = pred.argmax(dim=-1).tolist()
+    right = [names[p] == f"{s.colour} {s.shape}" for p, s in zip(pred, samples, strict=True)]
+    assert sum(right) >= 15, [names[p] for p in pred]

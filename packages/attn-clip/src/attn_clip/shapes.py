@@ -94,14 +94,21 @@ HELDOUT: tuple[tuple[str, str], ...] = (
     ("purple", "square"),
     ("orange", "circle"),
 )
-# caption templates for caption_style="mixed", with their weights; fields: size colour shape where
+# caption templates for caption_style="mixed", with their weights; fields: size colour shape
+# where. Some name only the shape or only the colour: they pull the image embedding apart
+# into colour and shape directions, which is what lets never-seen pairs compose (without
+# them, held-out zero-shot top-1 stalled at ~68% while seen pairs reached 95%)
 TEMPLATES: tuple[tuple[str, float], ...] = (
-    ("a {size} {colour} {shape} {where}", 0.3),
+    ("a {size} {colour} {shape} {where}", 0.25),
     ("a {colour} {shape} {where}", 0.1),
     ("a {size} {colour} {shape}", 0.1),
-    ("a {colour} {shape}", 0.2),
-    ("a photo of a {colour} {shape}", 0.2),
-    ("a photo of a {size} {colour} {shape} {where}", 0.1),
+    ("a {colour} {shape}", 0.1),
+    ("a photo of a {colour} {shape}", 0.1),
+    ("a photo of a {size} {colour} {shape} {where}", 0.05),
+    ("a {shape}", 0.1),
+    ("a photo of a {shape}", 0.05),
+    ("a {colour} shape", 0.1),
+    ("something {colour} {where}", 0.05),
 )
 _SUPERSAMPLE = 4  # shapes are drawn at 4x and box-filtered down (anti-aliasing)
 # degrees either way. Small on purpose: a small ViT learns rotated shapes from 8 px patches
