@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from zero_shot import (  # the image / model helpers shared with apps/zero_shot.py
+from _common import (  # the image / model helpers shared with apps/zero_shot.py
     PRECISIONS,
     InputError,
     LoadedModel,

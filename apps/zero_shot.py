@@ -16,253 +16,35 @@ over its prompts. Probabilities are a softmax over the labels of
 Bad input (missing / corrupt / truncated / decompression-bomb image, no labels, unknown
 model, weights not available offline) prints one line on stderr and exits with code 2.
 Images under --images that cannot be read are skipped with a warning and counted.
-The image and model helpers here are shared with apps/retrieval.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import io
 import itertools
 import json
 import os
 import sys
-import warnings
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import numpy as np
-from PIL import Image, ImageOps, UnidentifiedImageError
-
-DEFAULT_MODEL, DEFAULT_PRETRAINED = "ViT-B-32", "openai"
-DEMO_MODEL = "demo-shapes"
-IMAGE_EXTENSIONS = frozenset(
-    ".jpg .jpeg .jpe .png .bmp .gif .webp .tif .tiff .ppm .pgm .pbm .pnm .jfif".split()
+from _common import (  # the helpers shared with apps/retrieval.py
+    DEFAULT_MODEL,
+    DEFAULT_PRETRAINED,
+    DEMO_MODEL,
+    IMAGE_EXTENSIONS,
+    PRECISIONS,
+    InputError,
+    LoadedModel,
+    fail,
+    find_images,
+    iter_images,
+    load_model,
+    open_image,
+    warn,
 )
-PRECISIONS = ("fp32", "bf16", "fp16")
+
 DEFAULT_TEMPLATE = "a photo of a {}."
-
-
-class InputError(ValueError):
-    """Bad user input: reported as one line on stderr with exit code 2."""
-
-
-def fail(message: str) -> int:
-    print(f"error: {' '.join(str(message).split())}", file=sys.stderr)  # always one line
-    return 2
-
-
-def warn(message: str) -> None:
-    print(f"warning: {' '.join(str(message).split())}", file=sys.stderr)
-
-
-# -- images --------------------------------------------------------------------------------
-
-
-def to_rgb(img: Image.Image) -> Image.Image:
-    """Any Pillow mode -> 8-bit RGB: alpha is composited on white, 16-bit / 32-bit / float
-    grey levels are rescaled (not clipped), CMYK / YCbCr / palette / 1-bit are converted."""
-    mode = img.mode
-    if mode.startswith("I;16") or mode in ("I", "F"):
-        a = np.asarray(img, dtype=np.float32)
-        if mode == "F" and a.size and a.max() <= 1.0:
-            top = 1.0  # float image in [0, 1]
-        else:
-            top = 65535.0 if mode.startswith("I;16") or (a.size and a.max() > 255) else 255.0
-        grey = np.clip(a / top * 255.0, 0, 255).round().astype(np.uint8)
-        return Image.fromarray(grey, "L").convert("RGB")
-    if mode in ("RGBA", "LA", "La", "RGBa", "PA") or (mode == "P" and "transparency" in img.info):
-        rgba = img.convert("RGBA")
-        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        return Image.alpha_composite(white, rgba).convert("RGB")
-    if mode == "RGB":
-        return img
-    try:
-        return img.convert("RGB")
-    except (ValueError, OSError) as e:
-        raise InputError(f"unsupported image mode {mode!r}: {e}") from None
-
-
-MAX_FILE_BYTES = 1 << 30  # larger "images" are refused before reading them
-
-
-def load_image_file(path: str | os.PathLike) -> tuple[Image.Image, str]:
-    """Read and decode ``path`` fully: ``(RGB image with EXIF rotation applied, SHA-256 of
-    the file)``, or raise InputError saying what is wrong: missing, a folder, not an image,
-    truncated / corrupt, or so large it could be a decompression bomb (Pillow's warning is
-    treated as an error too)."""
-    p = Path(path)
-    if not p.exists():
-        raise InputError(f"image not found: {path}")
-    if p.is_dir():
-        raise InputError(f"{path} is a folder, not an image (use --images DIR for folders)")
-    try:
-        if p.stat().st_size > MAX_FILE_BYTES:
-            raise InputError(f"{path}: file larger than {MAX_FILE_BYTES >> 20} MiB")
-        data = p.read_bytes()
-    except OSError as e:
-        raise InputError(f"{path}: cannot read: {e.strerror or e}") from None
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data)) as img:
-                img.load()
-                img = to_rgb(ImageOps.exif_transpose(img))
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
-        raise InputError(f"{path}: refusing a decompression-bomb sized image: {e}") from None
-    except UnidentifiedImageError:
-        raise InputError(f"{path}: not an image (or a format Pillow cannot read)") from None
-    except InputError as e:
-        raise InputError(f"{path}: {e}") from None
-    except Exception as e:  # truncated data, broken chunks, bad EXIF: Pillow raises many types
-        what = "truncated image" if "truncated" in str(e) else "corrupt image"
-        raise InputError(f"{path}: {what} ({type(e).__name__}: {e})") from None
-    return img, hashlib.sha256(data).hexdigest()
-
-
-def open_image(path: str | os.PathLike) -> Image.Image:
-    """:func:`load_image_file` without the hash."""
-    return load_image_file(path)[0]
-
-
-def iter_images(paths: list[Path], workers: int = 4):
-    """``(path, image, sha256, error)`` for each path, in order, decoded by a thread pool
-    (``error`` is the InputError message and ``image`` None for an unreadable file)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    def load(path: Path):
-        try:
-            return (path, *load_image_file(path), None)
-        except InputError as e:
-            return path, None, None, str(e)
-
-    if workers <= 1:
-        yield from map(load, paths)
-        return
-    with ThreadPoolExecutor(workers) as pool:
-        window = workers * 4  # bounded read-ahead: memory stays flat on huge folders
-        for start in range(0, len(paths), window):
-            yield from pool.map(load, paths[start : start + window])
-
-
-def find_images(root: str | os.PathLike) -> list[Path]:
-    """Every file with an image extension under ``root`` (recursive, sorted, no hidden dirs)."""
-    root = Path(root)
-    if not root.is_dir():
-        raise InputError(f"image folder not found: {root}")
-    found = []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        found += [
-            Path(dirpath) / f
-            for f in filenames
-            if Path(f).suffix.lower() in IMAGE_EXTENSIONS and not f.startswith(".")
-        ]
-    return sorted(found)
-
-
-# -- models --------------------------------------------------------------------------------
-
-
-@dataclass
-class LoadedModel:
-    model: Any  # attn_clip.CLIP
-    preprocess: Any  # PIL image -> (3, H, W)
-    tokenizer: Any  # list[str] -> (n, L)
-    name: str  # what identifies the weights: the model name (or folder)
-    pretrained: str | None  # tag or absolute path
-    device: Any  # torch.device
-
-
-def resolve_model_args(model: str | None, pretrained: str | None) -> tuple[str, str | None]:
-    """``--model`` / ``--pretrained`` -> ``(name, pretrained)`` with paths made absolute.
-
-    A folder given as ``--pretrained`` with no ``--model`` brings its own architecture
-    (``open_clip_config.json`` / ``config.json``) and becomes the model.
-    """
-    if pretrained is not None and os.path.exists(pretrained):
-        pretrained = str(Path(pretrained).resolve())
-    if model is None:
-        if pretrained is not None and os.path.isdir(pretrained):
-            return pretrained, None
-        model = DEFAULT_MODEL
-        if pretrained is None:
-            pretrained = DEFAULT_PRETRAINED
-    elif os.path.exists(model):
-        model = str(Path(model).resolve())
-    return model, pretrained
-
-
-def _default_pretrained(name: str) -> str | None:
-    """The weights to load when only ``--model`` is given: ``openai`` or the only tag
-    (``demo-shapes`` has one, bundled), else an error listing the choices."""
-    import attn_clip
-
-    if name.startswith(("hf-hub:", "local-dir:")) or os.path.exists(name):
-        return None  # brings its own weights
-    attn_clip.get_model_config(name)  # ValueError naming close matches if unknown
-    tags = attn_clip.list_pretrained_tags(name)
-    if DEFAULT_PRETRAINED in tags:
-        return DEFAULT_PRETRAINED
-    if len(tags) == 1:
-        return tags[0]
-    if not tags:
-        raise InputError(
-            f"no pretrained weights are known for {name!r}: pass --pretrained PATH "
-            f"(a checkpoint file or folder), or use --model {DEMO_MODEL} offline"
-        )
-    raise InputError(f"{name!r} has several pretrained tags, pick one with --pretrained: {tags}")
-
-
-def pick_device(requested: str | None):
-    import torch
-
-    if requested is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(requested)
-    except RuntimeError as e:
-        raise InputError(f"bad --device {requested!r}: {e}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise InputError(f"--device {requested}: CUDA is not available on this machine")
-    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        raise InputError(f"--device {requested}: only {torch.cuda.device_count()} GPU(s) here")
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        raise InputError(f"--device {requested}: MPS is not available on this machine")
-    return device
-
-
-def load_model(
-    model: str | None, pretrained: str | None, device: str | None, precision: str
-) -> LoadedModel:
-    """Build the CLIP of ``--model`` / ``--pretrained`` (see :func:`resolve_model_args`);
-    every failure a user can cause becomes an InputError with one clear line."""
-    import attn_clip
-
-    name, pretrained = resolve_model_args(model, pretrained)
-    dev = pick_device(device)
-    try:
-        weights = pretrained if pretrained is not None else _default_pretrained(name)
-        m, preprocess, tokenizer = attn_clip.create_model_and_transforms(
-            name, weights, device=dev, precision=precision
-        )
-    except attn_clip.PretrainedDownloadError as e:
-        raise InputError(
-            f"weights not available: {e} Or run offline with the bundled model: "
-            f"--model {DEMO_MODEL} (or --pretrained PATH to a downloaded checkpoint)."
-        ) from None
-    except FileNotFoundError as e:
-        raise InputError(f"cannot load model {name!r}: {e}") from None
-    except (ValueError, KeyError, TypeError, OSError, RuntimeError) as e:
-        msg = str(e).strip("'\"")
-        raise InputError(msg if name in msg or "unknown" in msg else f"{name}: {msg}") from None
-    label = pretrained if isinstance(pretrained, str) else None
-    if label is None and isinstance(weights, str):
-        label = weights
-    return LoadedModel(m, preprocess, tokenizer, name, label, dev)
-
 
 # -- labels and the classifier -------------------------------------------------------------
 

@@ -257,10 +257,11 @@ def test_bad_input_exits_2_before_loading_a_model(case, shapes_dir, tmp_path):
     assert_one_line_error(run(*args), needle)
 
 
-def load_app():
+def load_app(monkeypatch):
+    monkeypatch.syspath_prepend(str(APP.parent))  # as when run as a script: finds _common
     spec = importlib.util.spec_from_file_location("zero_shot_app", APP)
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
+    monkeypatch.setitem(sys.modules, spec.name, module)
     spec.loader.exec_module(module)
     return module
 
@@ -274,7 +275,7 @@ def test_weights_not_available_offline(shapes_dir, tmp_path, capsys, monkeypatch
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     image = str(shapes_dir / "rgb" / "red_circle.png")
-    assert load_app().main(["--image", image, "--labels", "cat", "dog"]) == 2
+    assert load_app(monkeypatch).main(["--image", image, "--labels", "cat", "dog"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: weights not available"), err
     for needle in (
@@ -287,10 +288,12 @@ def test_weights_not_available_offline(shapes_dir, tmp_path, capsys, monkeypatch
         assert needle in err[0], (needle, err[0])
 
 
-def test_table_output_and_single_explain_in_process(oc_checkpoint, shapes_dir, tmp_path, capsys):
+def test_table_output_and_single_explain_in_process(
+    oc_checkpoint, shapes_dir, tmp_path, capsys, monkeypatch
+):
     """Calling main() directly (no new interpreter): the readable table, --explain to a
     file, and the bad inputs that are only found once attn_clip is imported."""
-    app = load_app()
+    app = load_app(monkeypatch)
     image = shapes_dir / "wide.png"
     heat = tmp_path / "heat.png"
     argv = ["--pretrained", str(oc_checkpoint[0]), "--image", str(image), "--explain", str(heat)]
@@ -355,7 +358,7 @@ def test_imagenet_head_is_built_once_and_cached(
 ):
     """--imagenet: 1,000 classes (one template here to keep it fast; the default is
     OpenAI's 80), cached under $XDG_CACHE_HOME and reused."""
-    app = load_app()
+    app = load_app(monkeypatch)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     argv = ["--pretrained", str(oc_checkpoint[0]), "--image", str(shapes_dir / "wide.png")]
     argv += ["--imagenet", "--template", "a photo of a {}.", "--top-k", "3", "--json"]
