@@ -19,15 +19,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import warnings
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import torch
+from attn_vision.pretrained import hub_unreachable
 
 from .registry import PretrainedSource
 
@@ -52,25 +51,6 @@ def hf_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
     from huggingface_hub import constants
 
     return Path(constants.HF_HUB_CACHE)
-
-
-def _hub_unreachable(timeout: float = 3.0) -> str | None:
-    """Why the hub endpoint cannot be reached (a quick TCP connect), or None if it can.
-
-    huggingface_hub retries a failing request for ~20 s per file; checking first turns "no
-    network" into an immediate error. Skipped behind a proxy, where it could mislead.
-    """
-    from huggingface_hub import constants
-
-    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
-        return None
-    url = urlparse(constants.ENDPOINT)
-    host, port = url.hostname, url.port or (443 if url.scheme == "https" else 80)
-    try:
-        socket.create_connection((host, port), timeout=timeout).close()
-    except OSError as e:
-        return f"the hub ({host}:{port}) is unreachable: {e}"
-    return None
 
 
 def download_pretrained(
@@ -111,7 +91,7 @@ def download_pretrained(
     if local_files_only or getattr(constants, "HF_HUB_OFFLINE", False):
         reason = "offline (local_files_only / HF_HUB_OFFLINE=1) and not in the cache"
     else:
-        reason = _hub_unreachable()
+        reason = hub_unreachable()
     errors = [reason] if reason else []
     if not reason:
         for filename in filenames:

@@ -27,6 +27,7 @@ __all__ = [
     "WeightsUnavailableError",
     "download_pretrained",
     "get_pretrained_cfg",
+    "hub_unreachable",
     "load_state_dict_file",
     "resolve_pretrained",
 ]
@@ -96,7 +97,7 @@ def _cache_dir(cache_dir: str | os.PathLike | None) -> str:
     return str(cache_dir) if cache_dir is not None else str(constants.HF_HUB_CACHE)
 
 
-def _hub_unreachable(timeout: float = 3.0) -> str | None:
+def hub_unreachable(timeout: float = 3.0) -> str | None:
     """Why the Hub endpoint cannot be reached (a quick TCP connect), or None if it can.
 
     huggingface_hub retries a failing request for ~20 s per file; checking first turns
@@ -111,7 +112,7 @@ def _hub_unreachable(timeout: float = 3.0) -> str | None:
     try:
         socket.create_connection((host, port), timeout=timeout).close()
     except OSError as e:
-        return f"cannot connect to {host}:{port} ({e})"
+        return f"the hub is unreachable: cannot connect to {host}:{port} ({e})"
     return None
 
 
@@ -154,7 +155,7 @@ def download_pretrained(
     if getattr(constants, "HF_HUB_OFFLINE", False):
         reason = "offline mode is on (HF_HUB_OFFLINE=1) and the file is not in the cache"
     else:
-        reason = _hub_unreachable()
+        reason = hub_unreachable()
     errors = [reason] if reason else []
     if not reason:
         for filename in location.filenames:
