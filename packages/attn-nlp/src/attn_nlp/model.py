@@ -29,8 +29,10 @@ __all__ = ["LayerCache", "Transformer", "TransformerDecoder", "TransformerEncode
 LayerCache = tuple[KVCache, KVCache]  # (self-attention, cross-attention) of one decoder block
 
 
-class TransformerEncoder(nn.Module):
-    """``depth`` self-attention blocks (+ optional final LayerNorm): ``(B, S, D) -> (B, S, D)``."""
+class _BlockStack(nn.Module):
+    """``depth`` attn_core blocks (+ optional final LayerNorm); subclasses set ``cross``."""
+
+    cross = False  # the decoder's blocks add cross-attention to the encoder output
 
     def __init__(
         self,
@@ -54,6 +56,7 @@ class TransformerEncoder(nn.Module):
                 mlp_dim,
                 act=act,
                 norm_first=norm_first,
+                cross_attention=self.cross,
                 dropout=dropout,
                 attn_dropout=attn_dropout,
                 norm_eps=norm_eps,
@@ -61,6 +64,10 @@ class TransformerEncoder(nn.Module):
             for _ in range(depth)
         )
         self.norm = nn.LayerNorm(dim, eps=norm_eps) if final_norm else nn.Identity()
+
+
+class TransformerEncoder(_BlockStack):
+    """``depth`` self-attention blocks (+ optional final LayerNorm): ``(B, S, D) -> (B, S, D)``."""
 
     def forward(
         self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None
@@ -70,39 +77,10 @@ class TransformerEncoder(nn.Module):
         return self.norm(x)
 
 
-class TransformerDecoder(nn.Module):
+class TransformerDecoder(_BlockStack):
     """``depth`` blocks of causal self-attn + cross-attn + MLP: ``(B, T, D) -> (B, T, D)``."""
 
-    def __init__(
-        self,
-        dim: int,
-        depth: int,
-        num_heads: int,
-        mlp_dim: int,
-        *,
-        act: str = "relu",
-        norm_first: bool = False,
-        final_norm: bool = False,
-        dropout: float = 0.0,
-        attn_dropout: float = 0.0,
-        norm_eps: float = 1e-5,
-    ) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(
-            make_block(
-                dim,
-                num_heads,
-                mlp_dim,
-                act=act,
-                norm_first=norm_first,
-                cross_attention=True,
-                dropout=dropout,
-                attn_dropout=attn_dropout,
-                norm_eps=norm_eps,
-            )
-            for _ in range(depth)
-        )
-        self.norm = nn.LayerNorm(dim, eps=norm_eps) if final_norm else nn.Identity()
+    cross = True
 
     def new_caches(self) -> list[LayerCache]:
         """Empty KV caches, one (self, cross) pair per block."""
