@@ -537,7 +537,8 @@ def bench_vit(args, report: Report) -> None:
     ours = create_vit(name, **kw).eval()
     ours.load_state_dict(convert_timm_vit(ref.state_dict(), ours.config))
     size = ours.config.img_size
-    x = torch.randn(8, 3, size, size)
+    size = (size, size) if isinstance(size, int) else tuple(size)
+    x = torch.randn(8, 3, *size)
     fns = {"ours": lambda: ours(x), "timm": lambda: ref(x)}
     diff = max_diff(fns["ours"](), fns["timm"]())
     t = time_interleaved(fns, args.repeats)
@@ -787,11 +788,13 @@ def main(argv: list[str] | None = None) -> int:
         "threads": torch.get_num_threads(),
         "cpu": platform.processor() or platform.machine(),
         "loadavg_start": os.getloadavg(),
+        "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "(default)"),
         "quick": args.quick,
     }
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average "
-        f"{os.getloadavg()[0]:.2f}; sections: {', '.join(args.sections)}",
+        f"{os.getloadavg()[0]:.2f}, OMP_WAIT_POLICY {report.meta['OMP_WAIT_POLICY']}; "
+        f"sections: {', '.join(args.sections)}",
         file=sys.stderr,
     )
     started = time.perf_counter()
@@ -821,8 +824,10 @@ def main(argv: list[str] | None = None) -> int:
     text = report.markdown()
     print(text)
     print(
-        f"load average at start {report.meta['loadavg_start'][0]:.2f}, at end "
-        f"{report.meta['loadavg_end'][0]:.2f}; {report.meta['wall_s']:.0f} s",
+        f"{report.meta['command']}: torch {torch.__version__}, {report.meta['threads']} "
+        f"threads, OMP_WAIT_POLICY {report.meta['OMP_WAIT_POLICY']}; load average at start "
+        f"{report.meta['loadavg_start'][0]:.2f}, at end {report.meta['loadavg_end'][0]:.2f}; "
+        f"{report.meta['wall_s']:.0f} s",
     )
     if args.markdown:
         with open(args.markdown, "w", encoding="utf-8") as f:

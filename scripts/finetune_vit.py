@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--val-dir", type=Path, default=None, help="ImageFolder with the same classes")
     g.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
     g.add_argument("--no-augment", action="store_true", help="train with the eval transform")
+    g.add_argument(
+        "--crop-pct", type=float, default=None, help="eval center-crop fraction (default: timm's)"
+    )
     g.add_argument("--scale", type=float, nargs=2, default=(0.08, 1.0), help="RRC area range")
     g.add_argument("--hflip", type=float, default=0.5)
     g.add_argument("--aa", choices=["rand", "trivial", "none"], default="rand", help="auto-aug")
@@ -268,8 +271,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     probe = ImageFolderDataset(args.train_dir)  # class list first: it sizes the head
     classes = probe.classes
     model = build_model(args, len(classes)).to(d.device)
-    data_cfg = attn_vision.resolve_data_config(model)
-    eval_tf = attn_vision.create_transform(model)
+    data_cfg = attn_vision.resolve_data_config(model, crop_pct=args.crop_pct)
+    eval_tf = attn_vision.create_transform(model, crop_pct=args.crop_pct)
     train_tf = eval_tf if args.no_augment else train_transform(args, data_cfg)
     data = ImageFolderDataset(args.train_dir, train_tf, seed=args.seed)
     val_loader = None

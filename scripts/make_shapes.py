@@ -33,13 +33,19 @@ def build_parser() -> argparse.ArgumentParser:
         default="mixed",
         help="training captions: varied templates (mixed) or always the full one",
     )
+    p.add_argument(
+        "--uncoloured",
+        type=float,
+        default=0.0,
+        help="add this fraction of black / white training shapes captioned by shape only",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
 
 def main(argv: list[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
-    if min(args.n_train, args.n_val, args.n_heldout) < 0 or args.image_size < 16:
+    if min(args.n_train, args.n_val, args.n_heldout, args.uncoloured) < 0 or args.image_size < 16:
         print("error: counts must be >= 0 and --image-size >= 16", file=sys.stderr)
         raise SystemExit(2)
     meta = shapes.write_dataset(
@@ -51,6 +57,7 @@ def main(argv: list[str] | None = None) -> dict:
         image_size=args.image_size,
         caption_style=args.captions,
         progress=not args.quiet,
+        uncoloured=args.uncoloured,
     )
     print(f"wrote {json.dumps(meta['counts'])} images to {args.out}")
     print(f"held-out pairs: {', '.join(meta['heldout'])}")

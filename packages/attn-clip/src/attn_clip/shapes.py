@@ -34,12 +34,14 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 __all__ = [
+    "ACHROMATIC",
     "COLOURS",
     "HELDOUT",
     "POSITIONS",
     "SHAPES",
     "SIZES",
     "TEMPLATES",
+    "UNCOLOURED_TEMPLATES",
     "ShapeSample",
     "caption",
     "class_name",
@@ -95,20 +97,27 @@ HELDOUT: tuple[tuple[str, str], ...] = (
     ("orange", "circle"),
 )
 # caption templates for caption_style="mixed", with their weights; fields: size colour shape
-# where. Some name only the shape or only the colour: they pull the image embedding apart
-# into colour and shape directions, which is what lets never-seen pairs compose (without
-# them, held-out zero-shot top-1 stalled at ~68% while seen pairs reached 95%)
+# where
 TEMPLATES: tuple[tuple[str, float], ...] = (
-    ("a {size} {colour} {shape} {where}", 0.25),
+    ("a {size} {colour} {shape} {where}", 0.3),
     ("a {colour} {shape} {where}", 0.1),
     ("a {size} {colour} {shape}", 0.1),
-    ("a {colour} {shape}", 0.1),
-    ("a photo of a {colour} {shape}", 0.1),
-    ("a photo of a {size} {colour} {shape} {where}", 0.05),
-    ("a {shape}", 0.1),
-    ("a photo of a {shape}", 0.05),
-    ("a {colour} shape", 0.1),
-    ("something {colour} {where}", 0.05),
+    ("a {colour} {shape}", 0.2),
+    ("a photo of a {colour} {shape}", 0.2),
+    ("a photo of a {size} {colour} {shape} {where}", 0.1),
+)
+# uncoloured (black or white) shapes, captioned by shape only: see make_dataset(uncoloured=)
+# ("grey" takes a random level in [60, 200] per image: every brightness a colour can have)
+ACHROMATIC: dict[str, tuple[int, int, int]] = {
+    "black": (22, 22, 22),
+    "grey": (130, 130, 130),
+    "white": (238, 238, 238),
+}
+UNCOLOURED_TEMPLATES: tuple[tuple[str, float], ...] = (
+    ("a {size} {shape} {where}", 0.4),
+    ("a {shape} {where}", 0.2),
+    ("a {shape}", 0.2),
+    ("a photo of a {shape}", 0.2),
 )
 _SUPERSAMPLE = 4  # shapes are drawn at 4x and box-filtered down (anti-aliasing)
 # degrees either way. Small on purpose: a small ViT learns rotated shapes from 8 px patches
@@ -119,7 +128,7 @@ MAX_ROTATION = 10.0
 
 def _check(colour: str, shape: str, size: str, position: str) -> None:
     for value, known, what in (
-        (colour, COLOURS, "colour"),
+        (colour, {**COLOURS, **ACHROMATIC}, "colour"),
         (shape, SHAPES, "shape"),
         (size, SIZES, "size"),
         (position, POSITIONS, "position"),
@@ -249,7 +258,9 @@ def render_shape(
         draw.polygon(_polygon(shape, cx * big, cy * big, r * big, angle), fill=255)
     alpha = np.asarray(mask.resize((n, n), Image.BOX), dtype=np.float32)[..., None] / 255.0
 
-    fill = np.array(COLOURS[colour], dtype=np.float32)
+    fill = np.array({**COLOURS, **ACHROMATIC}[colour], dtype=np.float32)
+    if colour == "grey":
+        fill[:] = rng.uniform(60, 200)  # (jittered per channel below, like every colour)
     fill = fill + np.array([rng.uniform(-18, 18) for _ in range(3)], dtype=np.float32)
     img = background * (1 - alpha) + fill * alpha
     sigma = rng.uniform(0, 10) if noise is None else noise
@@ -277,6 +288,11 @@ class ShapeSample:
     def class_name(self) -> str:
         return class_name(self.colour, self.shape)
 
+    @property
+    def uncoloured(self) -> bool:
+        """A black / white shape whose caption names only the shape (no class of its own)."""
+        return self.colour in ACHROMATIC
+
     def image(self) -> Image.Image:
         return render_shape(
             self.colour, self.shape, self.size, self.position, self.seed, self.image_size
@@ -290,31 +306,56 @@ def make_dataset(
     image_size: int = 64,
     caption_style: str = "mixed",
     pairs: Sequence[tuple[str, str]] | None = None,
+    uncoloured: float = 0.0,
 ) -> list[ShapeSample]:
     """``n`` samples, class-balanced over the colour-shape pairs of ``split``.
 
     ``caption_style``: ``"full"`` (always ``"a {size} {colour} {shape} {where}"``) or
     ``"mixed"`` (one of :data:`TEMPLATES` per sample, by weight). ``pairs`` overrides the
-    split's colour-shape pairs. Images are rendered lazily by ``sample.image()``.
+    split's colour-shape pairs. ``uncoloured``: add ``round(n * uncoloured)`` black or
+    white shapes (every shape equally often) captioned by shape only
+    (:data:`UNCOLOURED_TEMPLATES`), after the ``n`` coloured ones. They teach shape
+    features that do not depend on the colour -- what lets a never-seen colour-shape
+    pair be recognised -- without showing any held-out pair. Images are rendered lazily
+    by ``sample.image()``.
     """
     if caption_style not in ("full", "mixed"):
         raise ValueError(f"caption_style must be 'full' or 'mixed', got {caption_style!r}")
+    if not 0.0 <= uncoloured <= 10.0:
+        raise ValueError(f"uncoloured must be a fraction >= 0, got {uncoloured}")
     pairs = list(pairs) if pairs is not None else combos(split)
     if not pairs:
         raise ValueError("no colour-shape pairs to draw from")
     rng = random.Random(f"dataset-{seed}-{split}")
+    samples = _draw(rng, pairs, n, image_size, TEMPLATES, caption_style == "full")
+    m = round(n * uncoloured)
+    if m:
+        rng = random.Random(f"dataset-{seed}-{split}-uncoloured")
+        plain = [(c, s) for c in ACHROMATIC for s in SHAPES]
+        samples += _draw(rng, plain, m, image_size, UNCOLOURED_TEMPLATES, False)
+    return samples
+
+
+def _draw(
+    rng: random.Random,
+    pairs: list[tuple[str, str]],
+    n: int,
+    image_size: int,
+    templates_weights: Sequence[tuple[str, float]],
+    first_template_only: bool,
+) -> list[ShapeSample]:
     order: list[tuple[str, str]] = []
     while len(order) < n:  # every pair equally often, in random order
         block = list(pairs)
         rng.shuffle(block)
         order += block
-    templates = [t for t, _ in TEMPLATES]
-    weights = [w for _, w in TEMPLATES]
+    templates = [t for t, _ in templates_weights]
+    weights = [w for _, w in templates_weights]
     samples = []
     for colour, shape in order[:n]:
         size = rng.choice(list(SIZES))
         position = rng.choice(list(POSITIONS))
-        template = templates[0] if caption_style == "full" else rng.choices(templates, weights)[0]
+        template = templates[0] if first_template_only else rng.choices(templates, weights)[0]
         text = caption(colour, shape, size, position, template)
         render_seed = rng.getrandbits(31)
         samples.append(ShapeSample(colour, shape, size, position, render_seed, text, image_size))
@@ -330,6 +371,7 @@ def write_dataset(
     image_size: int = 64,
     caption_style: str = "mixed",
     progress: bool = False,
+    uncoloured: float = 0.0,
 ) -> dict:
     """Write the data set under ``root`` and return its metadata (also ``root/meta.json``).
 
@@ -342,6 +384,8 @@ def write_dataset(
         root/classnames.txt           all 30 class names ("red circle"), one per line
         root/meta.json                factors, held-out pairs, counts, seed
 
+    With ``uncoloured`` (see :func:`make_dataset`) the black / white training shapes go to
+    ``root/train_uncoloured/<shape>/`` (not an ImageFolder class) and into ``train.csv``.
     Validation and held-out captions are always the full ``caption_style="full"`` kind.
     """
     root = Path(root)
@@ -354,7 +398,8 @@ def write_dataset(
     for name, (n, split, style, split_seed) in splits.items():
         if n <= 0:
             continue
-        samples = make_dataset(n, split_seed, split, image_size, style)
+        extra = uncoloured if name == "train" else 0.0
+        samples = make_dataset(n, split_seed, split, image_size, style, uncoloured=extra)
         iterator = samples
         if progress:
             from tqdm import tqdm
@@ -362,7 +407,10 @@ def write_dataset(
             iterator = tqdm(samples, desc=name, unit="img")
         rows = []
         for i, s in enumerate(iterator):
-            rel = Path(name) / s.class_name / f"{i:06d}.png"
+            folder = (
+                Path(f"{name}_uncoloured") / s.shape if s.uncoloured else Path(name) / s.class_name
+            )
+            rel = folder / f"{i:06d}.png"
             (root / rel).parent.mkdir(parents=True, exist_ok=True)
             s.image().save(root / rel)
             rows.append((rel.as_posix(), s.caption))
@@ -370,13 +418,14 @@ def write_dataset(
             writer = csv.writer(f)
             writer.writerow(["filepath", "title"])
             writer.writerows(rows)
-        counts[name] = n
+        counts[name] = len(samples)
     names = [class_text(class_name(c, s)) for c, s in combos("all")]
     (root / "classnames.txt").write_text("\n".join(names) + "\n", encoding="utf-8")
     meta = {
         "seed": seed,
         "image_size": image_size,
         "caption_style": caption_style,
+        "uncoloured": uncoloured,
         "counts": counts,
         "colours": list(COLOURS),
         "shapes": list(SHAPES),
