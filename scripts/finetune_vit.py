@@ -263,10 +263,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.accum < 1 or args.batch_size < 1:
         raise ValueError("--accum and --batch-size must be >= 1")
-    d = tu.setup_distributed(args.device, args.threads)
-    tu.seed_everything(args.seed, d.rank)
-    precision = tu.resolve_precision(args.precision, d.device)
-    log = tu.RunLogger(args.out / "log.jsonl", d)
+    d, precision, log, last, resume = tu.start_run(args)
 
     probe = ImageFolderDataset(args.train_dir)  # class list first: it sizes the head
     classes = probe.classes
@@ -312,8 +309,6 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambdas)
     scaler = tu.make_scaler(d.device, precision)
 
-    last = args.out / "last"
-    resume = not args.no_resume and tu.find_checkpoint(last) is not None
     progress = {"step": 0, "epoch": 0, "batches": 0, "skipped_images": 0, "best": -1.0}
     progress["seed"] = args.seed
     if resume:

@@ -131,15 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
 def train(args: argparse.Namespace) -> dict[str, Any]:
     from attn_nlp import DecoderOnlyLM, LMConfig, save_pretrained
 
-    d = tu.setup_distributed(args.device, args.threads)
-    tu.seed_everything(args.seed, d.rank)
-    precision = tu.resolve_precision(args.precision, d.device)
-    log = tu.RunLogger(args.out / "log.jsonl", d)
+    d, precision, log, last, resume = tu.start_run(args)
     text = args.text.read_text(encoding="utf-8")
     if len(text) < 10 * (args.context + 1):
         raise ValueError(f"{args.text} is too short for --context {args.context}")
-    last = args.out / "last"
-    resume = not args.no_resume and tu.find_checkpoint(last) is not None
     if resume:
         from attn_nlp import load_pretrained
 

@@ -341,10 +341,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     if args.accum < 1 or args.batch_size < 1:
         raise ValueError("--accum and --batch-size must be >= 1")
 
-    d = tu.setup_distributed(args.device, args.threads)
-    tu.seed_everything(args.seed, d.rank)
-    precision = tu.resolve_precision(args.precision, d.device)
-    log = tu.RunLogger(args.out / "log.jsonl", d)
+    d, precision, log, last, resume = tu.start_run(args)
 
     model = build_model(args).to(d.device)
     model.train()
@@ -411,8 +408,6 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     scaler = tu.make_scaler(d.device, precision)
 
     args.out.mkdir(parents=True, exist_ok=True)
-    last = args.out / "last"
-    resume = not args.no_resume and tu.find_checkpoint(last) is not None
     init_path = args.out / "wise_ft_init.safetensors"
     progress = {
         "step": 0,

@@ -148,13 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
 def train(args: argparse.Namespace) -> dict[str, Any]:
     from attn_nlp import BPETokenizer, ClassifierConfig, TextClassifier, save_pretrained
 
-    d = tu.setup_distributed(args.device, args.threads)
-    tu.seed_everything(args.seed, d.rank)
-    precision = tu.resolve_precision(args.precision, d.device)
-    log = tu.RunLogger(args.out / "log.jsonl", d)
+    d, precision, log, last, resume = tu.start_run(args)
     rows = read_csv(args.train)
-    last = args.out / "last"
-    resume = not args.no_resume and tu.find_checkpoint(last) is not None
     if resume:
         tokenizer = BPETokenizer.from_file(tu.find_checkpoint(last) / "tokenizer.json")
     else:

@@ -272,15 +272,10 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
 def train(args: argparse.Namespace) -> dict[str, Any]:
     from attn_nlp import BPETokenizer, Transformer, get_config, save_pretrained
 
-    d = tu.setup_distributed(args.device, args.threads)
-    tu.seed_everything(args.seed, d.rank)
-    precision = tu.resolve_precision(args.precision, d.device)
-    log = tu.RunLogger(args.out / "log.jsonl", d)
+    d, precision, log, last, resume = tu.start_run(args)
     pairs = read_tsv(args.train)
     dev_pairs = read_tsv(args.dev)[: args.dev_limit] if args.dev else []
 
-    last = args.out / "last"
-    resume = not args.no_resume and tu.find_checkpoint(last) is not None
     if resume:
         tokenizer = BPETokenizer.from_file(tu.find_checkpoint(last) / "tokenizer.json")
     elif args.tokenizer:

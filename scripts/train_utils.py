@@ -2,6 +2,8 @@
 
 Each piece is a plain function or a tiny class, usable on its own:
 
+* :func:`start_run` -- what every script does first: process group, seeds, precision, log,
+  and whether ``OUT/last`` is there to resume from.
 * :func:`setup_distributed` -- one process, or ``torchrun`` DDP (gloo on CPU, nccl on GPU);
   :func:`wrap_ddp`, :func:`unwrap`, :func:`maybe_no_sync` (gradient accumulation).
 * :func:`make_loader` -- a ``DataLoader`` over a :class:`ResumableSampler` (sharded per rank,
@@ -33,7 +35,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -44,6 +46,7 @@ __all__ = [
     "Distributed",
     "NonFiniteLossError",
     "ResumableSampler",
+    "Run",
     "RunLogger",
     "all_reduce_min",
     "all_reduce_sum",
@@ -58,6 +61,7 @@ __all__ = [
     "maybe_no_sync",
     "resolve_precision",
     "save_checkpoint",
+    "start_run",
     "seed_everything",
     "setup_distributed",
     "unwrap",
@@ -448,3 +452,27 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
+
+
+# -- the start of a run --------------------------------------------------------------------
+
+
+class Run(NamedTuple):
+    d: Distributed
+    precision: str  # "fp32" / "bf16" / "fp16" ("auto" resolved for the device)
+    log: RunLogger  # OUT/log.jsonl
+    last: Path  # OUT/last: the checkpoint directory resumed from and written to
+    resume: bool  # OUT/last holds a complete checkpoint and --no-resume was not given
+
+
+def start_run(args: Any) -> Run:
+    """Set up a run from the flags every script shares (``--device --threads --seed
+    --precision --out --no-resume``): join the process group, seed every RNG, resolve the
+    precision, open the JSONL log, and look for a checkpoint to resume."""
+    d = setup_distributed(args.device, args.threads)
+    seed_everything(args.seed, d.rank)
+    precision = resolve_precision(args.precision, d.device)
+    log = RunLogger(args.out / "log.jsonl", d)
+    last = args.out / "last"
+    resume = not args.no_resume and find_checkpoint(last) is not None
+    return Run(d, precision, log, last, resume)
