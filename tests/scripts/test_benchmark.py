@@ -3,26 +3,15 @@ and goals (a smoke test of the script; timings are not asserted)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "benchmark.py"
-
 
 @pytest.fixture(scope="module")
-def benchmark_script():
-    spec = importlib.util.spec_from_file_location("attn_zoo_benchmark", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+def benchmark_script(load_script):
+    return load_script("benchmark")
 
 
 def test_quick_run_writes_tables_and_json(benchmark_script, tmp_path, capsys):

@@ -3,7 +3,6 @@ on a tiny CLIP saved as a local folder."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -11,8 +10,6 @@ import pytest
 import torch
 from attn_clip import CLIPConfig, create_model, save_pretrained
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "export.py"
 TINY = {
     "embed_dim": 32,
     "vision_cfg": {"image_size": 32, "patch_size": 8, "width": 64, "layers": 2, "head_width": 16},
@@ -21,11 +18,8 @@ TINY = {
 
 
 @pytest.fixture(scope="module")
-def export_script():
-    spec = importlib.util.spec_from_file_location("attn_zoo_export", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def export_script(load_script):
+    return load_script("export")
 
 
 @pytest.fixture(scope="module")

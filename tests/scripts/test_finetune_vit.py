@@ -4,7 +4,6 @@ counted, NaN stops cleanly, and 2-process torchrun equals one process."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -44,19 +43,9 @@ TINY = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
-def fv():
-    spec = importlib.util.spec_from_file_location("finetune_vit", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def fv(load_script):
+    return load_script("finetune_vit")
 
 
 @pytest.fixture(scope="module")

@@ -3,21 +3,14 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "make_shapes.py"
-
 
 @pytest.fixture(scope="module")
-def ms():
-    spec = importlib.util.spec_from_file_location("make_shapes", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def ms(load_script):
+    return load_script("make_shapes")
 
 
 def test_writes_imagefolders_csvs_and_metadata(ms, tmp_path, capsys):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -33,19 +32,9 @@ SMALL = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
-def lm_script():
-    spec = importlib.util.spec_from_file_location("train_char_lm", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def lm_script(load_script):
+    return load_script("train_char_lm")
 
 
 @pytest.fixture(scope="module")

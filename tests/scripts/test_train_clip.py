@@ -4,7 +4,6 @@ WiSE-FT, and 2-process torchrun equals one process on the same global batch."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -43,20 +42,9 @@ TINY = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    """In-process runs call torch.set_num_threads(1); give the session its setting back."""
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
-def tc():
-    spec = importlib.util.spec_from_file_location("train_clip", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def tc(load_script):
+    return load_script("train_clip")
 
 
 @pytest.fixture(scope="module")

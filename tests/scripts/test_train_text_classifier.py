@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,11 +16,8 @@ SCRIPT = ROOT / "scripts" / "train_text_classifier.py"
 
 
 @pytest.fixture(scope="module")
-def cls_script():
-    spec = importlib.util.spec_from_file_location("train_text_classifier", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def cls_script(load_script):
+    return load_script("train_text_classifier")
 
 
 def test_a_few_steps_lower_the_loss(cls_script, tmp_path):

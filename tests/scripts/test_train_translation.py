@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import socket
@@ -33,20 +32,9 @@ SMALL = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    """In-process runs call torch.set_num_threads(1); give the session its setting back."""
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
-def tt():
-    spec = importlib.util.spec_from_file_location("train_translation", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def tt(load_script):
+    return load_script("train_translation")
 
 
 @pytest.fixture(scope="module")
