@@ -529,6 +529,7 @@ def bench_vit(args, report: Report) -> None:
     import timm
     from attn_vision import convert_timm_vit
     from attn_vision import create_model as create_vit
+    from attn_vision.patch_embed import to_2tuple
 
     torch.manual_seed(0)
     name = "vit_base_patch16_224"
@@ -536,9 +537,7 @@ def bench_vit(args, report: Report) -> None:
     ref = _random_fill_(timm.create_model(name, pretrained=False, **kw))
     ours = create_vit(name, **kw).eval()
     ours.load_state_dict(convert_timm_vit(ref.state_dict(), ours.config))
-    size = ours.config.img_size
-    size = (size, size) if isinstance(size, int) else tuple(size)
-    x = torch.randn(8, 3, *size)
+    x = torch.randn(8, 3, *to_2tuple(ours.config.img_size))
     fns = {"ours": lambda: ours(x), "timm": lambda: ref(x)}
     diff = max_diff(fns["ours"](), fns["timm"]())
     t = time_interleaved(fns, args.repeats)

@@ -31,6 +31,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 import torch.nn.functional as F
+from attn_vision.patch_embed import to_2tuple
 from PIL import Image
 
 from .config import PreprocessConfig
@@ -129,10 +130,6 @@ def image_relevancy(
     return ((rel - lo) / (hi - lo).clamp_min(1e-12)).detach()
 
 
-def _hw(size: int | tuple[int, int]) -> tuple[int, int]:
-    return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
-
-
 def input_box(
     image_size: tuple[int, int], cfg: PreprocessConfig
 ) -> tuple[float, float, float, float]:
@@ -143,7 +140,7 @@ def input_box(
     (extends past the image); ``squash``: the whole image.
     """
     w, h = image_size
-    th, tw = _hw(cfg.size)
+    th, tw = to_2tuple(cfg.size)
     if cfg.resize_mode == "squash":
         return 0.0, 0.0, float(w), float(h)
     pick = max if cfg.resize_mode == "shortest" else min

@@ -106,13 +106,14 @@ TEMPLATES: tuple[tuple[str, float], ...] = (
     ("a photo of a {colour} {shape}", 0.2),
     ("a photo of a {size} {colour} {shape} {where}", 0.1),
 )
-# uncoloured (black or white) shapes, captioned by shape only: see make_dataset(uncoloured=)
+# uncoloured shapes, captioned by shape only: see make_dataset(uncoloured=)
 # ("grey" takes a random level in [60, 200] per image: every brightness a colour can have)
 ACHROMATIC: dict[str, tuple[int, int, int]] = {
     "black": (22, 22, 22),
     "grey": (130, 130, 130),
     "white": (238, 238, 238),
 }
+_FILLS = {**COLOURS, **ACHROMATIC}  # every colour a shape can be drawn in
 UNCOLOURED_TEMPLATES: tuple[tuple[str, float], ...] = (
     ("a {size} {shape} {where}", 0.4),
     ("a {shape} {where}", 0.2),
@@ -128,7 +129,7 @@ MAX_ROTATION = 10.0
 
 def _check(colour: str, shape: str, size: str, position: str) -> None:
     for value, known, what in (
-        (colour, {**COLOURS, **ACHROMATIC}, "colour"),
+        (colour, _FILLS, "colour"),
         (shape, SHAPES, "shape"),
         (size, SIZES, "size"),
         (position, POSITIONS, "position"),
@@ -258,7 +259,7 @@ def render_shape(
         draw.polygon(_polygon(shape, cx * big, cy * big, r * big, angle), fill=255)
     alpha = np.asarray(mask.resize((n, n), Image.BOX), dtype=np.float32)[..., None] / 255.0
 
-    fill = np.array({**COLOURS, **ACHROMATIC}[colour], dtype=np.float32)
+    fill = np.array(_FILLS[colour], dtype=np.float32)
     if colour == "grey":
         fill[:] = rng.uniform(60, 200)  # (jittered per channel below, like every colour)
     fill = fill + np.array([rng.uniform(-18, 18) for _ in range(3)], dtype=np.float32)
@@ -290,7 +291,7 @@ class ShapeSample:
 
     @property
     def uncoloured(self) -> bool:
-        """A black / white shape whose caption names only the shape (no class of its own)."""
+        """A black / grey / white shape whose caption names only the shape (no class)."""
         return self.colour in ACHROMATIC
 
     def image(self) -> Image.Image:
@@ -312,8 +313,8 @@ def make_dataset(
 
     ``caption_style``: ``"full"`` (always ``"a {size} {colour} {shape} {where}"``) or
     ``"mixed"`` (one of :data:`TEMPLATES` per sample, by weight). ``pairs`` overrides the
-    split's colour-shape pairs. ``uncoloured``: add ``round(n * uncoloured)`` black or
-    white shapes (every shape equally often) captioned by shape only
+    split's colour-shape pairs. ``uncoloured``: add ``round(n * uncoloured)`` black,
+    grey or white shapes (every shape equally often) captioned by shape only
     (:data:`UNCOLOURED_TEMPLATES`), after the ``n`` coloured ones. They teach shape
     features that do not depend on the colour -- what lets a never-seen colour-shape
     pair be recognised -- without showing any held-out pair. Images are rendered lazily
@@ -321,8 +322,8 @@ def make_dataset(
     """
     if caption_style not in ("full", "mixed"):
         raise ValueError(f"caption_style must be 'full' or 'mixed', got {caption_style!r}")
-    if not 0.0 <= uncoloured <= 10.0:
-        raise ValueError(f"uncoloured must be a fraction >= 0, got {uncoloured}")
+    if uncoloured < 0:
+        raise ValueError(f"uncoloured must be >= 0 (a fraction of n), got {uncoloured}")
     pairs = list(pairs) if pairs is not None else combos(split)
     if not pairs:
         raise ValueError("no colour-shape pairs to draw from")
@@ -384,7 +385,7 @@ def write_dataset(
         root/classnames.txt           all 30 class names ("red circle"), one per line
         root/meta.json                factors, held-out pairs, counts, seed
 
-    With ``uncoloured`` (see :func:`make_dataset`) the black / white training shapes go to
+    With ``uncoloured`` (see :func:`make_dataset`) the uncoloured training shapes go to
     ``root/train_uncoloured/<shape>/`` (not an ImageFolder class) and into ``train.csv``.
     Validation and held-out captions are always the full ``caption_style="full"`` kind.
     """

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import torch
 import torchvision.transforms.functional as TF
+from attn_vision.patch_embed import to_2tuple
 from PIL import Image
 from torchvision import transforms as T
 
@@ -24,10 +25,6 @@ from .config import PreprocessConfig
 __all__ = ["image_transform"]
 
 _MODES = {"bicubic": T.InterpolationMode.BICUBIC, "bilinear": T.InterpolationMode.BILINEAR}
-
-
-def _pair(size: int | tuple[int, int]) -> tuple[int, int]:
-    return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
 
 
 class _ResizeKeepRatio:
@@ -72,7 +69,7 @@ def image_transform(
 ) -> Callable[[Image.Image], torch.Tensor]:
     """A torchvision pipeline for ``cfg`` (defaults: 224, OpenAI mean/std, bicubic, shortest)."""
     cfg = cfg or PreprocessConfig()
-    size = _pair(cfg.size)
+    size = to_2tuple(cfg.size)
     interp = _MODES[cfg.interpolation]
     normalize = T.Normalize(mean=cfg.mean, std=cfg.std)
     if is_train:
