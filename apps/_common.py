@@ -218,6 +218,7 @@ def load_model(
     """Build the CLIP of ``--model`` / ``--pretrained`` (see :func:`resolve_model_args`);
     every failure a user can cause becomes an InputError with one clear line."""
     import attn_clip
+    from attn_core.hub import WeightsError, WeightsUnavailableError
 
     name, pretrained = resolve_model_args(model, pretrained)
     dev = pick_device(device)
@@ -226,12 +227,12 @@ def load_model(
         m, preprocess, tokenizer = attn_clip.create_model_and_transforms(
             name, weights, device=dev, precision=precision
         )
-    except attn_clip.PretrainedDownloadError as e:
+    except WeightsUnavailableError as e:
         raise InputError(
             f"weights not available: {e} Or run offline with the bundled model: "
             f"--model {DEMO_MODEL} (or --pretrained PATH to a downloaded checkpoint)."
         ) from None
-    except FileNotFoundError as e:
+    except WeightsError as e:  # unreadable, unsafe or not fitting the model
         raise InputError(f"cannot load model {name!r}: {e}") from None
     except (ValueError, KeyError, TypeError, OSError, RuntimeError) as e:
         msg = str(e).strip("'\"")

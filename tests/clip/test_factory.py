@@ -13,13 +13,13 @@ import pytest
 import torch
 from attn_clip import (
     CLIPConfig,
-    PretrainedDownloadError,
     Tokenizer,
     create_model,
     create_model_and_transforms,
     save_pretrained,
 )
 from attn_clip import registry as registry_module
+from attn_core.hub import WeightsUnavailableError
 from PIL import Image
 from safetensors.torch import save_file
 from torch.testing import assert_close
@@ -69,7 +69,7 @@ def test_create_from_tag_offline_cache(tiny_registry, tiny_images, tiny_tokens):
         assert_close(model.encode_text(tiny_tokens), ref.encode_text(tiny_tokens), **TOL)
     with pytest.raises(ValueError, match="contradicts the weights.*QuickGELU"):
         create_model(NAME, TAG, cache_dir=cache, local_files_only=True, quick_gelu=False)
-    with pytest.raises(PretrainedDownloadError, match=REPO):
+    with pytest.raises(WeightsUnavailableError, match=REPO):
         create_model(NAME, TAG, cache_dir=cache.parent / "empty", local_files_only=True)
 
 
@@ -99,7 +99,7 @@ def test_unknown_names_and_tags(h, tmp_path):
 
 
 def test_hf_hub_name_offline_error(tmp_path):
-    with pytest.raises(PretrainedDownloadError) as err:
+    with pytest.raises(WeightsUnavailableError) as err:
         create_model(
             "hf-hub:openai/clip-vit-base-patch32", cache_dir=tmp_path, local_files_only=True
         )

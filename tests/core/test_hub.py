@@ -244,4 +244,4 @@ def test_torchscript_detection_covers_what_torch_load_would_jit_load(tmp_path):
     with zipfile.ZipFile(path, "w") as zf:
         zf.writestr("archive/constants.pkl", pickle.dumps(()))
         zf.writestr("archive/data.pkl", pickle.dumps({}))
-    assert hub._is_torchscript(path)
+    assert hub.is_torchscript_archive(path)

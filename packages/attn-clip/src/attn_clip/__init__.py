@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "config": ["CLIPConfig", "CLIPTextConfig", "CLIPVisionConfig", "PreprocessConfig"],
     "convert": [
-        "check_state_dict",
-        "convert_hf",
+        "convert_hf_clip",
         "convert_open_clip",
         "detect_format",
         "to_open_clip",
@@ -36,7 +35,7 @@ _EXPORTS = {
     ],
     "loss": ["ClipLoss", "SigLipLoss"],
     "model": ["CLIP", "CLIPOutput"],
-    "pretrained": ["PretrainedDownloadError", "download_pretrained", "read_checkpoint"],
+    "pretrained": ["Checkpoint", "read_checkpoint"],
     "registry": [
         "PretrainedSource",
         "get_model_config",
@@ -80,8 +79,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     from .config import CLIPConfig, CLIPTextConfig, CLIPVisionConfig, PreprocessConfig
     from .convert import (
-        check_state_dict,
-        convert_hf,
+        convert_hf_clip,
         convert_open_clip,
         detect_format,
         to_open_clip,
@@ -97,7 +95,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     from .factory import create_model, create_model_and_transforms, load_checkpoint, save_pretrained
     from .loss import ClipLoss, SigLipLoss
     from .model import CLIP, CLIPOutput
-    from .pretrained import PretrainedDownloadError, download_pretrained, read_checkpoint
+    from .pretrained import Checkpoint, read_checkpoint
     from .registry import (
         PretrainedSource,
         get_model_config,

@@ -11,8 +11,8 @@ Sources (detected from tell-tale keys by :func:`detect_format`):
 * ``attn_clip``  -- our own names (``visual.trunk.*``, ``text.blocks.*``): identity.
 
 Every converter consumes each input key exactly once; a key no rule knows raises
-``ValueError`` naming it. :func:`check_state_dict` then compares against the model:
-missing / unexpected keys and shape mismatches are listed in one error.
+``ValueError`` naming it. :func:`attn_core.hub.load_state_dict` then compares against the
+model: missing / unexpected keys, shapes, dtypes and non-finite values in one error.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from collections.abc import Callable, Mapping
 import torch
 
 __all__ = [
-    "check_state_dict",
-    "convert_hf",
+    "convert_hf_clip",
     "convert_open_clip",
     "detect_format",
+    "fit_to_model",
     "to_attn_clip",
     "to_open_clip",
 ]
@@ -172,7 +172,7 @@ def convert_open_clip(sd: Mapping[str, torch.Tensor]) -> StateDict:
     return c.finish(ignore=("input_resolution", "context_length", "vocab_size", "attn_mask"))
 
 
-def convert_hf(sd: Mapping[str, torch.Tensor]) -> StateDict:
+def convert_hf_clip(sd: Mapping[str, torch.Tensor]) -> StateDict:
     """transformers ``CLIPModel`` state dict -> attn_clip state dict (q/k/v fused into qkv)."""
     sd = _strip_prefixes(sd)
     c = _Consumer(sd, "transformers CLIPModel")
@@ -212,7 +212,7 @@ def to_attn_clip(sd: Mapping[str, torch.Tensor], fmt: str | None = None) -> Stat
     if fmt == "open_clip":
         return convert_open_clip(sd)
     if fmt == "hf":
-        return convert_hf(sd)
+        return convert_hf_clip(sd)
     if fmt == "attn_clip":
         return _strip_prefixes(sd)
     raise ValueError(f"unknown checkpoint format {fmt!r}; expected open_clip, hf or attn_clip")
@@ -266,38 +266,15 @@ def to_open_clip(sd: Mapping[str, torch.Tensor]) -> StateDict:
     return out
 
 
-def check_state_dict(sd: StateDict, expected: Mapping[str, torch.Tensor]) -> StateDict:
-    """Match a converted state dict against ``model.state_dict()``; raise on any mismatch.
+def fit_to_model(sd: StateDict, expected: Mapping[str, torch.Tensor]) -> StateDict:
+    """Rename ``ln_post`` to ``fc_norm`` when the model normalizes after pooling.
 
-    ``ln_post`` is renamed to ``fc_norm`` when the model normalizes after pooling. The
-    error lists missing keys, unexpected keys and ``key: checkpoint shape vs model shape``.
+    Everything else (missing / unexpected keys, shapes, dtypes, finite values) is checked
+    by :func:`attn_core.hub.load_state_dict`.
     """
     sd = dict(sd)
     for kind in ("weight", "bias"):
         src, dst = f"visual.trunk.norm.{kind}", f"visual.trunk.fc_norm.{kind}"
         if src in sd and src not in expected and dst in expected:
             sd[dst] = sd.pop(src)
-    missing = sorted(k for k in expected if k not in sd)
-    unexpected = sorted(k for k in sd if k not in expected)
-    shapes = [
-        f"{k}: checkpoint {tuple(sd[k].shape)} vs model {tuple(expected[k].shape)}"
-        for k in sorted(sd)
-        if k in expected and sd[k].shape != expected[k].shape
-    ]
-    problems = []
-
-    def show(items: list[str]) -> str:
-        return ", ".join(items[:10]) + (f", ... ({len(items)} in all)" if len(items) > 10 else "")
-
-    if missing:
-        problems.append(f"missing keys: {show(missing)}")
-    if unexpected:
-        problems.append(f"unexpected keys: {show(unexpected)}")
-    if shapes:
-        problems.append(f"shape mismatches: {show(shapes)}")
-    if problems:
-        raise ValueError(
-            "checkpoint does not fit the model config (wrong architecture, image size or "
-            "context length?) -- " + "; ".join(problems)
-        )
     return sd

@@ -12,6 +12,12 @@ Model names (the first argument):
 * a bundled model (``"demo-shapes"``): its weights ship inside attn_clip, so
   ``create_model("demo-shapes", pretrained=True)`` works with no network.
 
+``pretrained`` follows the zoo-wide contract (docs/loading.md): ``None`` / ``False`` = random
+init (a folder or ``hf-hub:`` name brings its own weights unless ``pretrained=False``);
+``True`` = the name's default tag; a tag; or a path to a checkpoint file / folder. Config
+overrides (``embed_dim=``, ``vision={"image_size": 336}``, ``text={...}``) apply to the
+architecture before weights are loaded. The model is returned in eval mode.
+
 What the weights were trained with wins over the name's defaults: the tag's QuickGELU
 flag (``ViT-B-32`` + ``openai`` builds QuickGELU, where open_clip only warns), the
 checkpoint's own config, and its preprocessing. An explicit ``quick_gelu=`` that
@@ -20,20 +26,25 @@ contradicts the weights raises, and so does any tensor that does not fit the con
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 from collections.abc import Mapping
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
 
 import torch
+from attn_core import hub
 
-from .config import CLIPConfig, PreprocessConfig
-from .convert import check_state_dict, detect_format, to_attn_clip, to_open_clip
+from .config import CLIPConfig, CLIPTextConfig, CLIPVisionConfig, PreprocessConfig
+from .convert import detect_format, fit_to_model, to_attn_clip, to_open_clip
 from .model import CLIP
-from .pretrained import Checkpoint, download_pretrained, read_checkpoint, resolve_source
+from .pretrained import (
+    DIR_WEIGHTS,
+    Checkpoint,
+    download_hub_repo,
+    read_checkpoint,
+    resolve_source,
+)
 from .registry import (
     default_pretrained_tag,
     get_model_config,
@@ -105,31 +116,6 @@ def _config_from_checkpoint(ckpt: Checkpoint) -> tuple[CLIPConfig, PreprocessCon
     )
 
 
-def _download_hub(repo_id: str, **hub_kwargs: Any) -> Checkpoint:
-    """Fetch an open_clip hub repo, or else a transformers CLIPModel repo, into a Checkpoint."""
-    try:
-        cfg_path = download_pretrained(repo_id, ["open_clip_config.json"], **hub_kwargs)
-    except OSError:
-        cfg_path = None
-    if cfg_path is not None:
-        weights = download_pretrained(
-            repo_id, ["open_clip_model.safetensors", "open_clip_pytorch_model.bin"], **hub_kwargs
-        )
-        ckpt = read_checkpoint(weights)
-        ckpt.open_clip_config = json.loads(Path(cfg_path).read_text(encoding="utf-8"))
-        return ckpt
-    cfg_path = download_pretrained(repo_id, ["config.json"], **hub_kwargs)
-    weights = download_pretrained(repo_id, ["model.safetensors", "pytorch_model.bin"], **hub_kwargs)
-    ckpt = read_checkpoint(weights)
-    ckpt.hf_config = json.loads(Path(cfg_path).read_text(encoding="utf-8"))
-    try:
-        pre = download_pretrained(repo_id, ["preprocessor_config.json"], **hub_kwargs)
-        ckpt.preprocessor_config = json.loads(Path(pre).read_text(encoding="utf-8"))
-    except OSError:
-        pass
-    return ckpt
-
-
 def _implied_quick_gelu(ckpt: Checkpoint | None, tag_quick_gelu: bool | None) -> bool | None:
     """The activation the weights were trained with, when the checkpoint tells."""
     if tag_quick_gelu is not None:
@@ -147,30 +133,41 @@ def load_checkpoint(
     model: CLIP, checkpoint: Checkpoint | Mapping[str, torch.Tensor] | str | os.PathLike
 ) -> CLIP:
     """Convert a checkpoint (file, folder or state dict; any supported format) and load it
-    strictly into ``model``; raises ``ValueError`` listing every mismatch."""
+    strictly into ``model`` (:func:`attn_core.hub.load_state_dict`: every mismatch listed in
+    one :class:`~attn_core.hub.CheckpointError`, non-finite weights refused)."""
     if isinstance(checkpoint, Checkpoint):
-        state_dict = checkpoint.state_dict
+        state_dict, source = checkpoint.state_dict, str(checkpoint.path)
     elif isinstance(checkpoint, Mapping):
-        state_dict = dict(checkpoint)
+        state_dict, source = dict(checkpoint), "state dict"
     else:
-        state_dict = read_checkpoint(checkpoint).state_dict
-    sd = to_attn_clip(state_dict, detect_format(state_dict))
-    expected = model.state_dict()
-    sd = check_state_dict(sd, expected)
-    sd = {k: v.to(expected[k].dtype) for k, v in sd.items()}  # OpenAI archives are fp16
-    model.load_state_dict(sd, strict=True)
-    return model
+        state_dict, source = read_checkpoint(checkpoint).state_dict, str(checkpoint)
+    try:
+        sd = to_attn_clip(state_dict, detect_format(state_dict))
+    except ValueError as e:
+        raise hub.CheckpointError(f"{source}: {e}") from None
+    sd = fit_to_model(sd, model.state_dict())
+    return hub.load_state_dict(model, sd, source=source)
 
 
-def _bundled_file(source) -> Path:
-    path = Path(source.file)
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"the bundled weights of {source.model}:{source.tag} are missing ({path}); "
-            "reinstall attn-clip, or train them with scripts/train_clip.py (docs/training.md) "
-            "and pass pretrained=<path>"
+def _with_overrides(config: CLIPConfig, overrides: dict[str, Any]) -> CLIPConfig:
+    """``config`` with top-level fields and ``vision={...}`` / ``text={...}`` fields replaced."""
+    top = {f.name for f in fields(CLIPConfig)}
+    unknown = sorted(set(overrides) - top)
+    sub = {"vision": CLIPVisionConfig, "text": CLIPTextConfig}
+    for key, cls in sub.items():
+        value = overrides.get(key)
+        if isinstance(value, Mapping):
+            names = {f.name for f in fields(cls)}
+            unknown += [f"{key}.{k}" for k in sorted(set(value) - names)]
+    if unknown:
+        raise ValueError(
+            f"unknown CLIP config override(s): {', '.join(unknown)}; valid: {sorted(top)} "
+            "(vision= / text= take a dict of their config's fields)"
         )
-    return path
+    for key in sub:
+        if isinstance(overrides.get(key), Mapping):
+            overrides = {**overrides, key: replace(getattr(config, key), **overrides[key])}
+    return replace(config, **overrides)
 
 
 def create_model(
@@ -182,18 +179,25 @@ def create_model(
     quick_gelu: bool | None = None,
     cache_dir: str | os.PathLike | None = None,
     local_files_only: bool = False,
+    **overrides: Any,
 ) -> CLIP:
     """Build a :class:`CLIP` (see the module docstring for names) and load its weights.
 
     Args:
         model_name: architecture name, ``hf-hub:`` / ``local-dir:`` name, folder or config.
-        pretrained: a pretrained tag of ``model_name``, or a checkpoint file / folder;
-            ``True`` = a bundled model's own weights (``"demo-shapes"``).
+        pretrained: ``None`` / ``False`` (random init, or the weights a folder / ``hf-hub:``
+            name brings; ``False`` skips those too), ``True`` (the default tag, e.g. a
+            bundled model's weights), a pretrained tag of ``model_name``, or a checkpoint
+            file / folder.
         device: where to put the model.
         precision: ``fp32`` / ``amp`` / ``amp_bf16`` (fp32 weights), ``fp16`` /
             ``pure_fp16``, ``bf16`` / ``pure_bf16`` (weights cast).
         quick_gelu: force QuickGELU (True) or GELU (False); default: what the weights say.
         cache_dir, local_files_only: passed to the hub download.
+        **overrides: :class:`CLIPConfig` fields (``vision=`` / ``text=`` take dicts).
+
+    Raises :class:`attn_core.hub.WeightsError` subclasses when weights cannot be had or do
+    not fit, ``ValueError`` for unknown names, tags or overrides.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
@@ -206,18 +210,24 @@ def create_model(
         config = model_name
     else:
         name = str(model_name)
-        from_schema = None
-        if name.startswith(HF_HUB_PREFIX):
-            from_schema = _download_hub(name[len(HF_HUB_PREFIX) :], **hub_kwargs)
-        elif name.startswith(LOCAL_DIR_PREFIX) or os.path.isdir(name):
-            from_schema = read_checkpoint(name.removeprefix(LOCAL_DIR_PREFIX))
-        if from_schema is not None:
-            if pretrained is not None:
+        if (
+            name.startswith(HF_HUB_PREFIX)
+            or name.startswith(LOCAL_DIR_PREFIX)
+            or os.path.isdir(name)
+        ):
+            if pretrained not in (None, False):
                 raise ValueError(
-                    f"{name!r} brings its own weights; do not pass pretrained={pretrained!r}"
+                    f"{name!r} brings its own weights; pass no pretrained= (or False for the "
+                    f"architecture only), not {pretrained!r}"
                 )
-            ckpt = from_schema
+            if name.startswith(HF_HUB_PREFIX):
+                ckpt = download_hub_repo(name[len(HF_HUB_PREFIX) :], **hub_kwargs)
+            else:
+                ckpt = read_checkpoint(name.removeprefix(LOCAL_DIR_PREFIX))
             config, preprocess = _config_from_checkpoint(ckpt)
+            if pretrained is False:
+                ckpt = None
+            pretrained = None
         elif os.path.isfile(name):
             raise ValueError(
                 f"{name!r} is a file: pass an architecture name and the file as pretrained=, "
@@ -241,10 +251,7 @@ def create_model(
         tags = list_pretrained_tags(model_name) if isinstance(model_name, str) else []
         if isinstance(pretrained, str) and _clean_tag(pretrained) in tags:
             source = get_pretrained_cfg(model_name, _clean_tag(pretrained))
-            if source.file:
-                ckpt = read_checkpoint(_bundled_file(source))
-            else:
-                ckpt = read_checkpoint(resolve_source(source, **hub_kwargs))
+            ckpt = read_checkpoint(resolve_source(source, **hub_kwargs))
             preprocess, tag_quick_gelu = source.preprocess, source.quick_gelu
         elif os.path.exists(pretrained):
             ckpt = read_checkpoint(pretrained)
@@ -264,6 +271,8 @@ def create_model(
     want = quick_gelu if quick_gelu is not None else implied
     if want is not None and want != config.quick_gelu:
         config = config.with_act(want)
+    if overrides:
+        config = _with_overrides(config, overrides)
 
     if ckpt is not None:
         with torch.device("meta"):  # skip the random init the weights would overwrite
@@ -288,28 +297,14 @@ def create_model_and_transforms(
 def save_pretrained(model: CLIP, directory: str | os.PathLike) -> Path:
     """Save in open_clip's folder layout (``open_clip_config.json`` + safetensors).
 
-    Both ``attn_clip.create_model("local-dir:<dir>")`` and open_clip's
-    ``create_model("local-dir:<dir>")`` load it. Files are written atomically.
+    Both ``attn_clip.create_model(<dir>)`` and open_clip's ``create_model("local-dir:<dir>")``
+    load it. Each file is written atomically with the usual permissions.
     """
-    from safetensors.torch import save_file
-
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    sd = {k: v.detach().cpu().contiguous() for k, v in to_open_clip(model.state_dict()).items()}
     meta = {
         "model_cfg": model.config.to_open_clip(),
         "preprocess_cfg": asdict(model.preprocess_cfg),
     }
-    for name, write in (
-        ("open_clip_model.safetensors", lambda p: save_file(sd, p)),
-        ("open_clip_config.json", lambda p: Path(p).write_text(json.dumps(meta, indent=2))),
-    ):
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.")
-        os.close(fd)
-        try:
-            write(tmp)
-            os.replace(tmp, directory / name)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+    hub.save_state_dict(to_open_clip(model.state_dict()), directory / DIR_WEIGHTS[0])
+    hub.write_json(directory / "open_clip_config.json", meta)
     return directory

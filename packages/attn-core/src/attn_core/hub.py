@@ -59,6 +59,7 @@ __all__ = [
     "download",
     "hf_cache_dir",
     "hub_unreachable",
+    "is_torchscript_archive",
     "load_state_dict",
     "read_folder",
     "read_sharded",
@@ -229,7 +230,7 @@ def _torch_load(path: Path) -> StateDict:
     return _unwrap(obj, path)
 
 
-def _is_torchscript(path: Path) -> bool:
+def is_torchscript_archive(path: Path) -> bool:
     """A zip archive torch would hand to ``torch.jit.load`` (``constants.pkl`` / ``code/``)."""
     if not zipfile.is_zipfile(path):
         return False
@@ -256,7 +257,7 @@ def read_state_dict(path: str | os.PathLike) -> StateDict:
             return load_file(str(path), device="cpu")
         except Exception as e:  # SafetensorError for truncated / corrupt files
             raise CheckpointError(f"cannot read safetensors file {path}: {e}") from None
-    if _is_torchscript(path):
+    if is_torchscript_archive(path):
         from .torchscript import read_torchscript_archive
 
         return read_torchscript_archive(path)
