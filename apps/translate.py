@@ -48,13 +48,14 @@ def main(argv: list[str] | None = None) -> int:
         return fail(f"--beams must be >= 1, got {args.beams}")
 
     import torch
-    from attn_nlp import Translator, WeightsNotFoundError
+    from attn_core.hub import WeightsError
+    from attn_nlp import Translator
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     start = time.perf_counter()
     try:
         translator = Translator.from_pretrained(args.model, device=device)
-    except (WeightsNotFoundError, FileNotFoundError, ValueError, TypeError) as e:
+    except (WeightsError, OSError, ValueError, TypeError) as e:
         return fail(str(e))
     loaded = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:

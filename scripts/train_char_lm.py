@@ -136,9 +136,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     if len(text) < 10 * (args.context + 1):
         raise ValueError(f"{args.text} is too short for --context {args.context}")
     if resume:
-        from attn_nlp import load_pretrained
+        from attn_nlp import create_model
 
-        chars = load_pretrained(tu.find_checkpoint(last)).config.extra["chars"]
+        chars = create_model(tu.find_checkpoint(last)).config.extra["chars"]
     else:
         chars = sorted(set(text))
     vocab = CharVocab(chars)
@@ -271,9 +271,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"wrote {args.lines} lines to {args.out}")
         return {}
     if args.command == "sample":
-        from attn_nlp import load_pretrained
+        from attn_nlp import create_model
 
-        model = load_pretrained(args.model)
+        model = create_model(args.model)
         vocab = CharVocab(model.config.extra["chars"])
         torch.manual_seed(args.seed)
         n = min(args.max_new_tokens, model.config.max_positions - len(args.prompt))

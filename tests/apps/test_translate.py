@@ -105,7 +105,7 @@ def test_marian_checkpoint_in_process(app, marian_dir, capsys):
         (
             ["--model", "no/such-model-offline", "one"],
             "",
-            "cannot download 'no/such-model-offline'",
+            "could not get config.json from the Hugging Face hub repo 'no/such-model-offline'",
         ),
         (["--model", "CHECKPOINT_FILE", "one"], "", "unknown model"),
     ],

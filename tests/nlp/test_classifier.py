@@ -45,3 +45,25 @@ def test_every_parameter_gets_a_gradient():
 def test_bad_config():
     with pytest.raises(ValueError, match="pool"):
         TextClassifier(ClassifierConfig(pool="max"))
+
+
+def test_save_load_round_trip_and_unknown_config_keys(tmp_path):
+    import json
+
+    from attn_nlp import create_model, save_pretrained
+
+    cfg = ClassifierConfig(
+        vocab_size=50, num_classes=3, embed_dim=32, num_heads=4, mlp_dim=64, labels=["a", "b", "c"]
+    )
+    model = TextClassifier(cfg).eval()
+    save_pretrained(model, tmp_path)
+    loaded = create_model(tmp_path)
+    assert loaded.config == cfg  # "model_type" in config.json round-trips
+    ids = torch.randint(1, 50, (2, 9))
+    torch.testing.assert_close(loaded(ids), model(ids))
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "pooling": "max"}))
+    with pytest.raises(ValueError, match=r"unknown ClassifierConfig key\(s\) \['pooling'\]"):
+        create_model(tmp_path)
+    with pytest.raises(ValueError, match="model_type 'marian'"):
+        ClassifierConfig.from_dict({**cfg.to_dict(), "model_type": "marian"})

@@ -8,10 +8,10 @@ from attn_nlp import (
     Transformer,
     TransformerDecoder,
     TransformerEncoder,
+    config_from_hf_marian,
+    convert_hf_marian,
+    convert_torch_transformer,
     create_model,
-    marian_config_to_ours,
-    marian_to_ours,
-    torch_transformer_to_ours,
 )
 from attn_nlp.layers import sinusoidal_table
 from torch import nn
@@ -78,23 +78,23 @@ def test_converter_is_loud_on_missing_and_unexpected_keys(tmp_path, marian_facto
     marian_factory(tmp_path)
     hf = MarianMTModel.from_pretrained(tmp_path)
     sd = dict(hf.state_dict())
-    cfg = marian_config_to_ours(hf.config.to_dict())
-    marian_to_ours(sd, cfg)  # the full state dict converts
+    cfg = config_from_hf_marian(hf.config.to_dict())
+    convert_hf_marian(sd, cfg)  # the full state dict converts
     broken = dict(sd)
     del broken["model.encoder.layers.1.fc1.weight"]
     broken["model.encoder.layers.9.fc1.weight"] = torch.zeros(1)
     with pytest.raises(
         ValueError, match=r"missing keys.*layers\.1\.fc1\.weight.*unexpected keys.*layers\.9"
     ):
-        marian_to_ours(broken, cfg)
+        convert_hf_marian(broken, cfg)
     untied = dict(sd, **{"lm_head.weight": torch.zeros_like(sd["lm_head.weight"])})
     with pytest.raises(ValueError, match="lm_head.weight should be tied"):
-        marian_to_ours(untied, cfg)
+        convert_hf_marian(untied, cfg)
 
 
 def test_marian_config_rejects_other_models():
     with pytest.raises(ValueError, match="not a Marian config"):
-        marian_config_to_ours({"model_type": "bart"})
+        config_from_hf_marian({"model_type": "bart"})
 
 
 @pytest.mark.parametrize("act", ["relu", "gelu"])
@@ -108,7 +108,7 @@ def test_post_norm_stacks_match_torch_transformer(act):
             "decoder": TransformerDecoder(D, 2, H, F, act=act, final_norm=True),
         }
     ).eval()
-    ours.load_state_dict(torch_transformer_to_ours(ref.state_dict()))
+    ours.load_state_dict(convert_torch_transformer(ref.state_dict()))
     src, tgt = torch.randn(2, 7, D), torch.randn(2, 5, D)
     src_pad = torch.tensor([[False] * 7, [False] * 4 + [True] * 3])
     with torch.no_grad():
@@ -130,7 +130,7 @@ def test_torch_converter_is_loud():
     sd = ref.state_dict()
     sd["encoder.layers.0.extra"] = torch.zeros(1)
     with pytest.raises(ValueError, match="unexpected keys"):
-        torch_transformer_to_ours(sd)
+        convert_torch_transformer(sd)
 
 
 def test_converted_model_is_a_plain_transformer(pair):

@@ -63,3 +63,22 @@ def test_context_limit_is_a_clear_error():
         model(torch.zeros(1, 25, dtype=torch.long))
     with pytest.raises(ValueError, match="decoder positions"):
         model.generate(torch.zeros(1, 4, dtype=torch.long), max_new_tokens=30)
+
+
+def test_save_load_round_trip_and_unknown_config_keys(tmp_path):
+    import json
+
+    from attn_nlp import create_model, save_pretrained
+
+    model = lm("learned", eos_id=2)
+    save_pretrained(model, tmp_path)
+    loaded = create_model(tmp_path)
+    assert loaded.config == model.config  # "model_type" in config.json round-trips
+    ids = torch.randint(0, 30, (2, 7))
+    torch.testing.assert_close(loaded(ids), model(ids))
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "n_layer": 6}))
+    with pytest.raises(ValueError, match=r"unknown LMConfig key\(s\) \['n_layer'\]"):
+        create_model(tmp_path)
+    with pytest.raises(ValueError, match=r"\['mlp_dim'\]"):
+        LMConfig.from_dict({**model.config.to_dict(), "mlp_dim": 64})

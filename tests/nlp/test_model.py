@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from attn_nlp import Transformer, TransformerConfig, get_config
@@ -75,3 +77,30 @@ def test_preset_configs_are_consistent():
     for name in ("transformer-base", "transformer-big", "transformer-tiny"):
         cfg = get_config(name)
         assert cfg.embed_dim % cfg.num_heads == 0 and cfg.final_norm == cfg.norm_first
+
+
+def test_decoder_can_have_its_own_heads_and_mlp_width():
+    model = tiny(encoder_depth=3, decoder_num_heads=2, decoder_mlp_dim=48, activation_dropout=0.2)
+    enc, dec = model.encoder.blocks[0], model.decoder.blocks[0]
+    assert (enc.attn.num_heads, enc.mlp.fc1.out_features) == (4, 64)
+    assert (dec.attn.num_heads, dec.cross_attn.num_heads, dec.mlp.fc1.out_features) == (2, 2, 48)
+    assert enc.mlp.drop.p == dec.mlp.drop.p == 0.2
+    assert model(torch.randint(4, 40, (2, 6)), torch.randint(4, 40, (2, 4))).shape == (2, 4, 40)
+    same = tiny()  # None = the encoder's values (and dropout inside the MLP)
+    assert same.decoder.blocks[0].attn.num_heads == 4
+    assert same.decoder.blocks[0].mlp.fc1.out_features == 64
+    with pytest.raises(ValueError, match=r"decoder_num_heads \(5\)"):
+        tiny(decoder_num_heads=5)
+
+
+def test_config_from_dict_round_trips_and_refuses_unknown_keys():
+    cfg = TransformerConfig(src_vocab_size=40, embed_dim=32, num_heads=4, decoder_num_heads=2)
+    saved = {"model_type": "attn_nlp.transformer", **cfg.to_dict()}  # what save_pretrained writes
+    assert TransformerConfig.from_dict(saved) == cfg
+    new_keys = ("decoder_num_heads", "decoder_mlp_dim", "activation_dropout")
+    old = {k: v for k, v in saved.items() if k not in new_keys}  # an older config.json
+    assert TransformerConfig.from_dict(old) == dataclasses.replace(cfg, decoder_num_heads=None)
+    with pytest.raises(ValueError, match=r"unknown TransformerConfig key\(s\) \['heads', 'x'\]"):
+        TransformerConfig.from_dict({**saved, "heads": 2, "x": 1})
+    with pytest.raises(ValueError, match="model_type 'attn_nlp.lm'"):
+        TransformerConfig.from_dict({**saved, "model_type": "attn_nlp.lm"})

@@ -6,14 +6,13 @@ import json
 
 import pytest
 import torch
+from attn_core.hub import CheckpointError, WeightsUnavailableError
 from attn_nlp import (
     BPETokenizer,
     Transformer,
-    WeightsNotFoundError,
     create_model,
     get_config,
     list_models,
-    load_pretrained,
     save_pretrained,
 )
 
@@ -33,10 +32,10 @@ def test_presets():
 
 def test_unknown_model_is_a_clear_error():
     with pytest.raises(
-        WeightsNotFoundError, match="unknown model 'transformer-huge'.*transformer-base"
+        WeightsUnavailableError, match="unknown model 'transformer-huge'.*transformer-base"
     ):
         create_model("transformer-huge")
-    with pytest.raises(WeightsNotFoundError, match="unknown model ../no/such/dir."):
+    with pytest.raises(WeightsUnavailableError, match="unknown model ../no/such/dir."):
         create_model("./no/such/dir")
 
 
@@ -44,11 +43,27 @@ def test_offline_hub_error_names_repo_and_cache(tmp_path, monkeypatch):
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    with pytest.raises(WeightsNotFoundError) as err:
+    with pytest.raises(WeightsUnavailableError) as err:
         create_model("Helsinki-NLP/opus-mt-en-zh", cache_dir=tmp_path)
     message = str(err.value)
     assert "Helsinki-NLP/opus-mt-en-zh" in message and str(tmp_path) in message
-    assert "--model PATH" in message
+    assert "local file or folder" in message
+
+
+def test_one_contract_eval_mode_overrides_and_weight_files(tmp_path):
+    model = create_model("transformer-tiny", src_vocab_size=50, max_positions=32)
+    assert not model.training  # every create_model returns eval mode
+    save_pretrained(model, tmp_path)
+    again = create_model(
+        "transformer-tiny", tmp_path / "model.safetensors", src_vocab_size=50, max_positions=32
+    )
+    src, tgt = torch.randint(4, 50, (2, 7)), torch.randint(4, 50, (2, 5))
+    torch.testing.assert_close(again(src, tgt), model(src, tgt))
+    assert create_model(tmp_path, dropout=0.3).config.dropout == 0.3  # overrides on a folder
+    with pytest.raises(CheckpointError, match="shape"):
+        create_model(tmp_path, embed_dim=64, num_heads=4)
+    with pytest.raises(ValueError, match="no published weights"):
+        create_model("transformer-tiny", pretrained=True)
 
 
 def test_save_and_load_round_trip(tmp_path):
@@ -73,8 +88,8 @@ def test_load_rejects_mismatched_weights(tmp_path):
     config = json.loads((tmp_path / "config.json").read_text())
     config["decoder_depth"] = 3
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="missing.*decoder.blocks.2"):
-        load_pretrained(tmp_path)
+    with pytest.raises(CheckpointError, match="missing.*decoder.blocks.2"):
+        create_model(tmp_path)
 
 
 def test_pretrained_false_builds_random_weights(marian_dir):
@@ -90,3 +105,16 @@ def test_checkpoint_generation_settings_are_used(marian_dir):
     assert (gen.num_beams, gen.max_length, gen.bad_words_ids) == (4, 24, [[59]])
     assert (gen.eos_token_id, gen.pad_token_id, gen.decoder_start_token_id) == (0, 59, 59)
     assert gen.forced_eos_token_id == 0
+
+
+def test_torchscript_payload_never_runs(torchscript_payload, tmp_path):
+    archive, marker = torchscript_payload
+    model = create_model("transformer-tiny", src_vocab_size=50)
+    with pytest.raises(CheckpointError):
+        create_model("transformer-tiny", pretrained=archive, src_vocab_size=50)
+    save_pretrained(model, tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    (tmp_path / "pytorch_model.bin").write_bytes(archive.read_bytes())
+    with pytest.raises(CheckpointError):
+        create_model(tmp_path)
+    assert not marker.exists()

@@ -55,9 +55,9 @@ def test_a_few_steps_lower_the_loss(cls_script, tmp_path):
     dev = [r for r in records if r.get("event") == "dev"]
     assert [r["epoch"] for r in dev] == [1, 2, 3] and dev[-1]["accuracy"] > 0.6
 
-    from attn_nlp import load_pretrained
+    from attn_nlp import create_model
 
-    model = load_pretrained(out / "best")
+    model = create_model(out / "best")
     assert model.config.labels == ["neg", "pos"]
     assert model(torch.tensor([[5, 6, 7]])).shape == (1, 2)
 

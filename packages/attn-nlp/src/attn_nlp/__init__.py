@@ -6,13 +6,12 @@ Every model is built from ``attn_core.TransformerBlock`` and attends through
 
 from .classifier import ClassifierConfig, TextClassifier
 from .config import PRESETS, TransformerConfig, get_config, list_models
-from .convert import marian_config_to_ours, marian_to_ours, torch_transformer_to_ours
+from .convert import config_from_hf_marian, convert_hf_marian, convert_torch_transformer
 from .generation import GenerationConfig, generate
-from .hub import WeightsNotFoundError, resolve_checkpoint
 from .layers import LearnedPositionalEmbedding, SinusoidalPositionalEmbedding
 from .lm import DecoderOnlyLM, LMConfig
 from .model import Transformer, TransformerDecoder, TransformerEncoder
-from .pretrained import create_model, load_pretrained, save_pretrained
+from .pretrained import create_model, resolve_checkpoint, save_pretrained
 from .tokenizer import BPETokenizer, MarianTextTokenizer, load_tokenizer
 from .translate import Translator, translate
 
@@ -34,17 +33,15 @@ __all__ = [
     "TransformerDecoder",
     "TransformerEncoder",
     "Translator",
-    "WeightsNotFoundError",
+    "config_from_hf_marian",
+    "convert_hf_marian",
+    "convert_torch_transformer",
     "create_model",
     "generate",
     "get_config",
     "list_models",
-    "load_pretrained",
     "load_tokenizer",
-    "marian_config_to_ours",
-    "marian_to_ours",
     "resolve_checkpoint",
     "save_pretrained",
-    "torch_transformer_to_ours",
     "translate",
 ]

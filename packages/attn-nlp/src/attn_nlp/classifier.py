@@ -10,12 +10,14 @@ as in BERT / ViT) or ``"mean"`` (average over non-padding tokens).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from .config import config_from_dict
 from .layers import make_positions
 from .model import TransformerEncoder
 
@@ -46,9 +48,9 @@ class ClassifierConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ClassifierConfig:
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+    def from_dict(cls, data: Mapping[str, Any]) -> ClassifierConfig:
+        """Build from a dict (e.g. ``config.json``); unknown keys raise ``ValueError``."""
+        return config_from_dict(cls, data, "attn_nlp.classifier")
 
 
 class TextClassifier(nn.Module):

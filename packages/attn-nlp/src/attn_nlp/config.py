@@ -8,10 +8,31 @@ that trains in minutes on a laptop CPU.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-__all__ = ["PRESETS", "TransformerConfig", "get_config", "list_models"]
+__all__ = ["PRESETS", "TransformerConfig", "config_from_dict", "get_config", "list_models"]
+
+T = TypeVar("T")
+
+
+def config_from_dict(cls: type[T], data: Mapping[str, Any], model_type: str) -> T:
+    """Build the dataclass ``cls`` from ``data``; unknown keys raise ``ValueError`` naming them.
+
+    ``model_type`` (what :func:`attn_nlp.save_pretrained` writes next to the fields) is
+    accepted when it equals ``model_type`` and refused otherwise.
+    """
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names - {"model_type"})
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} key(s) {unknown}; known: {sorted(names)}")
+    if data.get("model_type", model_type) != model_type:
+        raise ValueError(
+            f"model_type {data['model_type']!r} is not {model_type!r} ({cls.__name__})"
+        )
+    return cls(**{k: v for k, v in data.items() if k in names})
 
 
 @dataclass
@@ -23,14 +44,17 @@ class TransformerConfig:
     embed_dim: int = 512  # model width D
     encoder_depth: int = 6  # encoder blocks
     decoder_depth: int = 6  # decoder blocks
-    num_heads: int = 8  # attention heads (self and cross)
-    mlp_dim: int = 2048  # hidden width of the position-wise MLP
+    num_heads: int = 8  # encoder attention heads
+    mlp_dim: int = 2048  # hidden width of the encoder's position-wise MLP
+    decoder_num_heads: int | None = None  # decoder heads (self and cross); None = num_heads
+    decoder_mlp_dim: int | None = None  # decoder MLP width; None = mlp_dim
     act: str = "relu"  # MLP activation: relu, gelu, gelu_tanh, silu (= swish)
     norm_first: bool = False  # pre-norm (True) or the paper's post-norm (False)
     final_norm: bool | None = None  # LayerNorm after each stack; None = norm_first
     norm_eps: float = 1e-5  # LayerNorm epsilon
-    dropout: float = 0.1  # on embeddings, branch outputs and inside the MLP
+    dropout: float = 0.1  # on embeddings and branch outputs
     attn_dropout: float = 0.0  # on attention weights
+    activation_dropout: float | None = None  # inside the MLP, after the activation; None = dropout
     max_positions: int = 1024  # longest source / target sequence
     pos_embed: str = "sinusoidal"  # sinusoidal (sin|cos halves), sinusoidal_interleaved, learned
     scale_embedding: bool = True  # multiply token embeddings by sqrt(D)
@@ -44,10 +68,12 @@ class TransformerConfig:
     extra: dict[str, Any] = field(default_factory=dict)  # free-form metadata (source, langs)
 
     def __post_init__(self) -> None:
-        if self.embed_dim % self.num_heads:
-            raise ValueError(
-                f"embed_dim ({self.embed_dim}) must be divisible by num_heads ({self.num_heads})"
-            )
+        for name in ("num_heads", "decoder_num_heads"):
+            heads = getattr(self, name)
+            if heads is not None and self.embed_dim % heads:
+                raise ValueError(
+                    f"embed_dim ({self.embed_dim}) must be divisible by {name} ({heads})"
+                )
         if self.tgt_vocab_size is None:
             self.tgt_vocab_size = self.src_vocab_size
         if self.share_embeddings and self.tgt_vocab_size != self.src_vocab_size:
@@ -66,10 +92,9 @@ class TransformerConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TransformerConfig:
-        """Build from a dict, ignoring keys this version does not know."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+    def from_dict(cls, data: Mapping[str, Any]) -> TransformerConfig:
+        """Build from a dict (e.g. ``config.json``); unknown keys raise ``ValueError``."""
+        return config_from_dict(cls, data, "attn_nlp.transformer")
 
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -89,9 +114,16 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def list_models() -> list[str]:
-    """Names of the registered presets."""
-    return sorted(PRESETS)
+def list_models(pattern: str | None = None, pretrained: bool = False) -> list[str]:
+    """Preset names matching the glob ``pattern`` (all when None).
+
+    attn_nlp has no table of pretrained weights: ``pretrained=True`` returns ``[]``; any
+    Marian repo id on the Hub (``Helsinki-NLP/opus-mt-*``) or checkpoint folder loads with
+    :func:`attn_nlp.create_model`.
+    """
+    if pretrained:
+        return []
+    return sorted(n for n in PRESETS if pattern is None or fnmatch.fnmatch(n, pattern))
 
 
 def get_config(name: str, **overrides: Any) -> TransformerConfig:

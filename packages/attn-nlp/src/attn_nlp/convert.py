@@ -1,26 +1,35 @@
 """Weight converters: pure ``state_dict -> state_dict`` functions, loud on any mismatch.
 
-* :func:`marian_to_ours` -- a Hugging Face ``MarianMTModel`` checkpoint (opus-mt) into
+* :func:`convert_hf_marian` -- a Hugging Face ``MarianMTModel`` checkpoint (opus-mt) into
   :class:`attn_nlp.Transformer`: separate ``q_proj``/``k_proj``/``v_proj`` are fused into
   one ``qkv``; Marian's static sinusoidal ``embed_positions`` are dropped (we rebuild the same
   table); tied copies of the shared embedding are accepted and checked.
-* :func:`marian_config_to_ours` -- ``config.json`` of a Marian checkpoint -> ``TransformerConfig``.
-* :func:`torch_transformer_to_ours` -- ``torch.nn.Transformer`` weights into our
+* :func:`config_from_hf_marian` -- ``config.json`` of a Marian checkpoint -> ``TransformerConfig``;
+  encoder and decoder may differ in depth, heads and MLP width; every key is mapped, pinned to
+  the value transformers computes with, ignored for a stated reason, or refused by name.
+* :func:`convert_torch_transformer` -- ``torch.nn.Transformer`` weights into our
   ``encoder.*`` / ``decoder.*`` stacks (``in_proj_weight`` is already fused).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from .config import TransformerConfig
-from .layers import resolve_activation, sinusoidal_table
+from .generation import GenerationConfig
+from .layers import sinusoidal_table
 
-__all__ = ["marian_config_to_ours", "marian_to_ours", "torch_transformer_to_ours"]
+__all__ = [
+    "config_from_hf_marian",
+    "convert_hf_marian",
+    "convert_torch_transformer",
+]
 
 _TORCH_LAYER = re.compile(r"(encoder|decoder)\.layers\.(\d+)\.")
 
@@ -71,42 +80,246 @@ def _same(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
         raise ValueError(f"{what} should be tied to the shared embedding but differs from it")
 
 
-def marian_config_to_ours(hf: Mapping[str, Any]) -> TransformerConfig:
-    """A Marian ``config.json`` (as a dict) -> :class:`TransformerConfig`."""
+# -- Marian config.json ------------------------------------------------------------------
+# Every key of a Marian config.json (transformers' MarianConfig, its PreTrainedConfig base
+# and the BART-era keys old opus-mt files still carry) is mapped, pinned to the one value
+# transformers computes with, ignored for a stated reason, or refused by name.
+
+# Mapped onto TransformerConfig, with transformers' MarianConfig defaults.
+_MARIAN_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 58101,
+    "decoder_vocab_size": None,  # None = vocab_size
+    "d_model": 1024,
+    "encoder_layers": 12,
+    "decoder_layers": 12,
+    "encoder_attention_heads": 16,
+    "decoder_attention_heads": 16,
+    "encoder_ffn_dim": 4096,
+    "decoder_ffn_dim": 4096,
+    "activation_function": "gelu",
+    "dropout": 0.1,
+    "attention_dropout": 0.0,
+    "activation_dropout": 0.0,
+    "max_position_embeddings": 1024,
+    "scale_embedding": False,
+    "share_encoder_decoder_embeddings": True,
+    "tie_word_embeddings": True,
+    "pad_token_id": 58100,
+    "bos_token_id": None,
+    "eos_token_id": 0,
+    "decoder_start_token_id": 58100,
+}
+
+# MarianConfig.attribute_map: alias -> field (transformers lets the alias win).
+_MARIAN_ALIASES = {
+    "hidden_size": "d_model",
+    "num_hidden_layers": "encoder_layers",
+    "num_attention_heads": "encoder_attention_heads",
+}
+
+# Supported with one value only: (that value, what another value would ask for).
+_MARIAN_PINNED: dict[str, tuple[Any, str]] = {
+    "is_encoder_decoder": (True, "a decoder-only model; only MarianMTModel is supported"),
+    "is_decoder": (False, "MarianForCausalLM; only MarianMTModel is supported"),
+    # BART-era switches: transformers' MarianMTModel no longer reads them and computes
+    # post-norm, static sinusoids, no extra LayerNorms, no logits bias layer.
+    "normalize_before": (False, "pre-norm layers"),
+    "add_final_layer_norm": (False, "a LayerNorm after each stack"),
+    "normalize_embedding": (False, "a LayerNorm on the embeddings"),
+    "static_position_embeddings": (True, "learned positions"),
+    "add_bias_logits": (False, "a bias on the logits"),
+    "tie_encoder_decoder": (False, "encoder weights tied to the decoder's"),
+    "pruned_heads": ({}, "pruned attention heads"),
+}
+
+# Only act while training; a non-default value warns (LayerDrop is not implemented).
+_MARIAN_TRAINING_ONLY = {"encoder_layerdrop": 0.0, "decoder_layerdrop": 0.0, "layerdrop": 0.0}
+
+# No effect on what MarianMTModel computes.
+_MARIAN_IGNORED = frozenset(
+    {
+        # metadata (model_type is checked first)
+        "model_type",
+        "architectures",
+        "transformers_version",
+        "_name_or_path",
+        "name_or_path",
+        "_commit_hash",
+        "tokenizer_class",
+        "prefix",
+        "task_specific_params",
+        "finetuning_task",
+        # outputs, caching, kernels, memory, precision (our weights load as float32)
+        "use_cache",
+        "output_past",
+        "output_attentions",
+        "output_hidden_states",
+        "return_dict",
+        "torchscript",
+        "dtype",
+        "torch_dtype",
+        "use_bfloat16",
+        "attn_implementation",
+        "_attn_implementation",
+        "_attn_implementation_autoset",
+        "gradient_checkpointing",
+        "chunk_size_feed_forward",  # MarianMTModel never chunks its MLPs
+        # initialisation only: the checkpoint's weights replace it
+        "init_std",
+        # heads and options MarianMTModel does not have
+        "id2label",
+        "label2id",
+        "num_labels",
+        "_num_labels",
+        "problem_type",
+        "classif_dropout",
+        "classifier_dropout",
+        "add_cross_attention",  # the decoder always has cross-attention
+        "cross_attention_hidden_size",
+        "sep_token_id",
+        "tf_legacy_loss",
+        "extra_pos_embeddings",  # BART-era offset of learned positions; Marian's are sinusoids
+    }
+)
+
+# Decoding settings old config.json files hold: GenerationConfig.from_pretrained reads them
+# (and warns about the ones it does not implement) when there is no generation_config.json.
+_MARIAN_GENERATION = frozenset(f.name for f in dataclasses.fields(GenerationConfig)) | {
+    "no_repeat_ngram_size",
+    "encoder_no_repeat_ngram_size",
+    "repetition_penalty",
+    "encoder_repetition_penalty",
+    "num_beam_groups",
+    "diversity_penalty",
+    "typical_p",
+    "epsilon_cutoff",
+    "eta_cutoff",
+    "forced_bos_token_id",
+    "suppress_tokens",
+    "begin_suppress_tokens",
+    "exponential_decay_length_penalty",
+    "remove_invalid_values",
+    "output_scores",
+    "return_dict_in_generate",
+    "max_time",
+}
+
+# transformers' ACT2FN names that are the same function as one of ours.
+_MARIAN_ACTIVATIONS = {
+    "relu": "relu",
+    "gelu": "gelu",
+    "gelu_python": "gelu",
+    "gelu_new": "gelu_tanh",
+    "gelu_fast": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "quick_gelu": "quick_gelu",
+    "swish": "silu",
+    "silu": "silu",
+}
+
+
+def _marian_fields(hf: Mapping[str, Any]) -> dict[str, Any]:
+    """The mapped fields of ``hf`` (aliases resolved, defaults filled); refuses the rest."""
     if hf.get("model_type", "marian") != "marian":
         raise ValueError(f"not a Marian config: model_type={hf.get('model_type')!r}")
-    for a, b in (
-        ("encoder_attention_heads", "decoder_attention_heads"),
-        ("encoder_ffn_dim", "decoder_ffn_dim"),
-    ):
-        if a in hf and b in hf and hf[a] != hf[b]:
-            raise ValueError(f"different {a} ({hf[a]}) and {b} ({hf[b]}) are not supported")
-    vocab = hf.get("vocab_size", 58101)
-    shared = hf.get("share_encoder_decoder_embeddings", True)
-    pad = hf.get("pad_token_id", 58100)
+    fields = {k: hf.get(k, default) for k, default in _MARIAN_DEFAULTS.items()}
+    for alias, name in _MARIAN_ALIASES.items():
+        if alias in hf:
+            if name in hf and hf[name] != hf[alias]:
+                raise ValueError(
+                    f"Marian config: {alias}={hf[alias]!r} contradicts {name}={hf[name]!r}"
+                )
+            fields[name] = hf[alias]
+    for key, (value, meaning) in _MARIAN_PINNED.items():
+        if key in hf and hf[key] != value:
+            raise ValueError(
+                f"Marian config: {key}={hf[key]!r} ({meaning}) is not supported; "
+                f"only {key}={value!r}"
+            )
+    for key, default in _MARIAN_TRAINING_ONLY.items():
+        if hf.get(key, default) != default:
+            warnings.warn(
+                f"Marian config: {key}={hf[key]!r} is ignored (LayerDrop is not implemented); "
+                "it only acts while training",
+                stacklevel=3,
+            )
+    known = (
+        _MARIAN_DEFAULTS.keys()
+        | _MARIAN_ALIASES.keys()
+        | _MARIAN_PINNED.keys()
+        | _MARIAN_TRAINING_ONLY.keys()
+        | _MARIAN_IGNORED
+        | _MARIAN_GENERATION
+    )
+    unknown = sorted(set(hf) - known)
+    if unknown:  # transformers' MarianMTModel does not read them either
+        warnings.warn(f"Marian config: ignoring unknown key(s) {unknown}", stacklevel=3)
+    return fields
+
+
+def _marian_token(f: Mapping[str, Any], key: str, *, optional: bool = False) -> int | None:
+    """A token id field: an int (a one-element list is unwrapped), or None if ``optional``."""
+    value = f[key]
+    if isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    if value is None and optional:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"Marian config: {key}={f[key]!r} is not supported; expected one id")
+    return value
+
+
+def config_from_hf_marian(hf: Mapping[str, Any]) -> TransformerConfig:
+    """A Marian ``config.json`` (as a dict) -> :class:`TransformerConfig`.
+
+    Encoder and decoder may differ in depth, heads and MLP width. A key that would change
+    the computation and is not supported raises ``ValueError`` naming it and its value.
+    """
+    f = _marian_fields(hf)
+    act = f["activation_function"]
+    if act not in _MARIAN_ACTIVATIONS:
+        raise ValueError(
+            f"Marian config: activation_function={act!r} is not supported; "
+            f"expected one of {sorted(_MARIAN_ACTIVATIONS)}"
+        )
+    vocab = f["vocab_size"]
+    shared, tied = f["share_encoder_decoder_embeddings"], f["tie_word_embeddings"]
+    if shared:
+        if f["decoder_vocab_size"] not in (None, vocab):
+            raise ValueError(
+                f"Marian config: decoder_vocab_size={f['decoder_vocab_size']!r} with "
+                f"share_encoder_decoder_embeddings=True needs vocab_size ({vocab})"
+            )
+        tgt_vocab = vocab
+    else:
+        tgt_vocab = f["decoder_vocab_size"] or vocab
     return TransformerConfig(
         src_vocab_size=vocab,
-        tgt_vocab_size=vocab if shared else hf.get("decoder_vocab_size") or vocab,
-        embed_dim=hf.get("d_model", 1024),
-        encoder_depth=hf.get("encoder_layers", 12),
-        decoder_depth=hf.get("decoder_layers", 12),
-        num_heads=hf.get("encoder_attention_heads", 16),
-        mlp_dim=hf.get("encoder_ffn_dim", 4096),
-        act=resolve_activation(hf.get("activation_function", "gelu")),
-        norm_first=False,  # transformers' Marian is post-norm whatever normalize_before says
+        tgt_vocab_size=tgt_vocab,
+        embed_dim=f["d_model"],
+        encoder_depth=f["encoder_layers"],
+        decoder_depth=f["decoder_layers"],
+        num_heads=f["encoder_attention_heads"],
+        mlp_dim=f["encoder_ffn_dim"],
+        decoder_num_heads=f["decoder_attention_heads"],
+        decoder_mlp_dim=f["decoder_ffn_dim"],
+        act=_MARIAN_ACTIVATIONS[act],
+        norm_first=False,  # post-norm (normalize_before is pinned to False above)
         final_norm=False,
-        dropout=hf.get("dropout", 0.1),
-        attn_dropout=hf.get("attention_dropout", 0.0),
-        max_positions=hf.get("max_position_embeddings", 1024),
+        dropout=f["dropout"],
+        attn_dropout=f["attention_dropout"],
+        activation_dropout=f["activation_dropout"],
+        max_positions=f["max_position_embeddings"],
         pos_embed="sinusoidal",  # sin in the first half, cos in the second
-        scale_embedding=hf.get("scale_embedding", False),
-        share_embeddings=shared,
-        tie_output=hf.get("tie_word_embeddings", True),
+        scale_embedding=f["scale_embedding"],
+        # transformers ties encoder and decoder embeddings only when it ties word embeddings
+        share_embeddings=shared and tied,
+        tie_output=tied,
         final_logits_bias=True,
-        pad_id=pad,
-        bos_id=hf.get("bos_token_id"),
-        eos_id=hf.get("eos_token_id", 0),
-        decoder_start_id=hf.get("decoder_start_token_id", pad),
+        pad_id=_marian_token(f, "pad_token_id"),
+        bos_id=_marian_token(f, "bos_token_id", optional=True),
+        eos_id=_marian_token(f, "eos_token_id"),
+        decoder_start_id=_marian_token(f, "decoder_start_token_id"),
         extra={"source": "marian"},
     )
 
@@ -130,7 +343,7 @@ def _marian_layer(src: _Source, prefix: str, kind: str, out: dict, ours: str) ->
             out[f"{ours}.mlp.{fc}.{part}"] = src.take(f"{prefix}.{fc}.{part}")
 
 
-def marian_to_ours(
+def convert_hf_marian(
     state_dict: Mapping[str, torch.Tensor], config: TransformerConfig
 ) -> dict[str, torch.Tensor]:
     """Convert a ``MarianMTModel`` state dict into :class:`attn_nlp.Transformer` keys.
@@ -162,7 +375,7 @@ def marian_to_ours(
                 _same(tied, shared, name)
         out["src_embed.weight"] = out["tgt_embed.weight"] = shared
     else:
-        src.take_optional("model.shared.weight")  # an unused copy of the encoder embedding
+        src.take_optional("model.shared.weight")  # not used by the forward pass when untied
         out["src_embed.weight"] = src.take("model.encoder.embed_tokens.weight")
         out["tgt_embed.weight"] = src.take("model.decoder.embed_tokens.weight")
 
@@ -191,7 +404,7 @@ def marian_to_ours(
     return out
 
 
-def torch_transformer_to_ours(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def convert_torch_transformer(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``nn.Transformer`` (or its encoder/decoder) weights -> ``encoder.*`` / ``decoder.*``.
 
     Load the result into a module holding our :class:`TransformerEncoder` as ``encoder``

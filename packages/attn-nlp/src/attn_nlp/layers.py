@@ -133,10 +133,15 @@ def make_block(
     cross_attention: bool = False,
     dropout: float = 0.0,
     attn_dropout: float = 0.0,
+    mlp_dropout: float | None = None,
     norm_eps: float = 1e-5,
     rope: RotaryEmbedding | None = None,
 ) -> TransformerBlock:
-    """One ``attn_core.TransformerBlock`` (self-attn, optional cross-attn, MLP)."""
+    """One ``attn_core.TransformerBlock`` (self-attn, optional cross-attn, MLP).
+
+    ``dropout`` acts on each branch output; ``mlp_dropout`` inside the MLP, after the
+    activation (Marian's ``activation_dropout``; None = ``dropout``).
+    """
     act = resolve_activation(act)
     block = TransformerBlock(
         dim,
@@ -150,6 +155,8 @@ def make_block(
         norm_layer=partial(nn.LayerNorm, eps=norm_eps),
         rope=rope,
     )
+    if mlp_dropout is not None:
+        block.mlp.drop.p = mlp_dropout
     return block
 
 

@@ -11,6 +11,7 @@ same decoding loop as the translation model (greedy, sampling, beam search; KV c
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,7 @@ import torch
 from attn_core import KVCache, RotaryEmbedding
 from torch import nn
 
+from .config import config_from_dict
 from .generation import GenerationConfig, generate
 from .layers import make_block, make_positions
 
@@ -48,9 +50,9 @@ class LMConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> LMConfig:
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+    def from_dict(cls, data: Mapping[str, Any]) -> LMConfig:
+        """Build from a dict (e.g. ``config.json``); unknown keys raise ``ValueError``."""
+        return config_from_dict(cls, data, "attn_nlp.lm")
 
 
 class DecoderOnlyLM(nn.Module):

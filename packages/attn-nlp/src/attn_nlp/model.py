@@ -46,6 +46,7 @@ class _BlockStack(nn.Module):
         final_norm: bool = False,
         dropout: float = 0.0,
         attn_dropout: float = 0.0,
+        mlp_dropout: float | None = None,
         norm_eps: float = 1e-5,
     ) -> None:
         super().__init__()
@@ -59,6 +60,7 @@ class _BlockStack(nn.Module):
                 cross_attention=self.cross,
                 dropout=dropout,
                 attn_dropout=attn_dropout,
+                mlp_dropout=mlp_dropout,
                 norm_eps=norm_eps,
             )
             for _ in range(depth)
@@ -154,10 +156,14 @@ class Transformer(nn.Module):
             final_norm=bool(c.final_norm),
             dropout=c.dropout,
             attn_dropout=c.attn_dropout,
+            mlp_dropout=c.activation_dropout,  # None = dropout
             norm_eps=c.norm_eps,
         )
+        # the decoder may have its own heads and MLP width (None = the encoder's), as Marian
         self.encoder = TransformerEncoder(D, c.encoder_depth, c.num_heads, c.mlp_dim, **stack)
-        self.decoder = TransformerDecoder(D, c.decoder_depth, c.num_heads, c.mlp_dim, **stack)
+        dec_heads = c.num_heads if c.decoder_num_heads is None else c.decoder_num_heads
+        dec_mlp = c.mlp_dim if c.decoder_mlp_dim is None else c.decoder_mlp_dim
+        self.decoder = TransformerDecoder(D, c.decoder_depth, dec_heads, dec_mlp, **stack)
         self.head = nn.Linear(D, c.tgt_vocab_size, bias=False)
         if c.final_logits_bias:
             self.register_buffer("final_logits_bias", torch.zeros(1, c.tgt_vocab_size))

@@ -1,59 +1,125 @@
-"""``create_model``: presets, Marian (opus-mt) checkpoints and our own saved models.
+"""``create_model`` / ``save_pretrained``: presets, Marian (opus-mt) checkpoints, our own folders.
 
-A checkpoint is a directory with ``config.json`` and ``model.safetensors`` (or
-``pytorch_model.bin``, read with ``torch.load(weights_only=True)``). ``config.json`` says
-what it holds:
+The zoo-wide loading contract (docs/loading.md), for attn_nlp:
 
-* ``"model_type": "marian"`` -- a Hugging Face ``MarianMTModel`` (``save_pretrained`` or the
-  Hub); converted with :func:`attn_nlp.convert.marian_to_ours`.
-* ``"model_type": "attn_nlp.transformer"`` / ``"attn_nlp.lm"`` / ``"attn_nlp.classifier"`` --
-  written by :func:`save_pretrained` (our training scripts).
+* ``create_model("transformer-base", src_vocab_size=8000)`` -- a preset with random weights
+  (``pretrained=<file>`` loads a state dict of ours into it);
+* ``create_model("Helsinki-NLP/opus-mt-en-zh")`` -- a Hub repo id, downloaded (cached) and
+  converted; ``create_model("runs/numbers/last")`` -- a local folder. Such names bring their
+  own weights; ``pretrained=False`` builds the architecture with random weights.
+
+A checkpoint folder holds ``config.json`` and ``model.safetensors`` (or
+``pytorch_model.bin``, sharded or not), read through :mod:`attn_core.hub` (tensors only,
+checked). ``config.json``'s ``model_type`` says what it holds:
+
+* ``"marian"`` -- a Hugging Face ``MarianMTModel`` (converted by :func:`convert_hf_marian`);
+* ``"attn_nlp.transformer"`` / ``"attn_nlp.lm"`` / ``"attn_nlp.classifier"`` -- written by
+  :func:`save_pretrained` (our training scripts).
+
+Models are returned in eval mode. Failures raise :mod:`attn_core.hub`'s exceptions.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any
 
-import torch
+from attn_core import hub
 from torch import nn
 
 from .config import PRESETS, TransformerConfig, get_config
-from .convert import marian_config_to_ours, marian_to_ours
+from .convert import config_from_hf_marian, convert_hf_marian
 from .generation import GenerationConfig
-from .hub import WeightsNotFoundError, find_weights, resolve_checkpoint
 from .model import Transformer
 
-__all__ = ["create_model", "load_pretrained", "load_state_dict", "save_pretrained"]
+__all__ = ["create_model", "resolve_checkpoint", "save_pretrained"]
 
 MODEL_TYPES = ("marian", "attn_nlp.transformer", "attn_nlp.lm", "attn_nlp.classifier")
+OPTIONAL_FILES = (
+    "generation_config.json",
+    # Marian (sentencepiece) tokenizer
+    "source.spm",
+    "target.spm",
+    "vocab.json",
+    "target_vocab.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    # our own checkpoints (tokenizers BPE)
+    "tokenizer.json",
+)
 
 
-def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """Tensors of a ``.safetensors`` file, or of a ``.bin``/``.pt`` via ``weights_only=True``."""
-    path = Path(path)
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
+def _is_repo_id(name: str) -> bool:
+    return name.count("/") == 1 and not name.startswith((".", "/", "~"))
 
-        return load_file(str(path))
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(state, dict):
-        raise ValueError(f"{path} does not hold a state dict")
-    return state
+
+def resolve_checkpoint(
+    name_or_path: str | os.PathLike,
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    revision: str | None = None,
+    local_files_only: bool = False,
+) -> Path:
+    """A local checkpoint folder for ``name_or_path``: a folder, or a Hub repo id whose
+    ``config.json``, weights and tokenizer files are fetched (cached) by :mod:`attn_core.hub`."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise hub.WeightsUnavailableError(f"{path} is a folder but has no config.json")
+        return path
+    name = str(name_or_path)
+    if path.exists() or not _is_repo_id(name):
+        raise hub.WeightsUnavailableError(
+            f"unknown model {name!r}: not a preset ({', '.join(sorted(PRESETS))}), a checkpoint "
+            "folder (with config.json) nor a Hub repo id like 'Helsinki-NLP/opus-mt-en-zh'"
+        )
+    kw = {"cache_dir": cache_dir, "revision": revision, "local_files_only": local_files_only}
+    config = hub.download(name, "config.json", **kw)
+    hub.download(name, hub.WEIGHT_FILES, **kw)
+    for filename in OPTIONAL_FILES:
+        try:
+            hub.download(name, filename, **{**kw, "local_files_only": True})
+        except hub.WeightsUnavailableError:  # not cached yet: fetch it unless offline
+            if not local_files_only:
+                try:
+                    hub.download(name, filename, **kw)
+                except hub.WeightsUnavailableError:
+                    pass  # optional: this repo has no such file
+    return config.parent
 
 
 def _read_config(directory: Path) -> dict[str, Any]:
     try:
         config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise WeightsNotFoundError(f"cannot read {directory / 'config.json'}: {e}") from e
-    if config.get("model_type") not in MODEL_TYPES:
-        raise ValueError(
-            f"{directory}: model_type {config.get('model_type')!r} is not supported; "
-            f"expected one of {MODEL_TYPES}"
+    except (OSError, ValueError) as e:
+        raise hub.CheckpointError(f"cannot read {directory / 'config.json'}: {e}") from None
+    if not isinstance(config, dict) or config.get("model_type") not in MODEL_TYPES:
+        kind = config.get("model_type") if isinstance(config, dict) else None
+        raise hub.CheckpointError(
+            f"{directory}: model_type {kind!r} is not supported; expected one of {MODEL_TYPES}"
         )
     return config
+
+
+def _build(config: dict[str, Any], overrides: dict[str, Any]) -> nn.Module:
+    """The (randomly initialised) model a checkpoint's ``config.json`` describes."""
+    kind = config["model_type"]
+    fields = {k: v for k, v in config.items() if k != "model_type"}
+    if kind == "marian":
+        cfg = config_from_hf_marian(config)
+        return Transformer(dataclasses.replace(cfg, **overrides) if overrides else cfg)
+    if kind == "attn_nlp.transformer":
+        return Transformer(TransformerConfig.from_dict({**fields, **overrides}))
+    if kind == "attn_nlp.lm":
+        from .lm import DecoderOnlyLM, LMConfig
+
+        return DecoderOnlyLM(LMConfig.from_dict({**fields, **overrides}))
+    from .classifier import ClassifierConfig, TextClassifier
+
+    return TextClassifier(ClassifierConfig.from_dict({**fields, **overrides}))
 
 
 def _generation_config(directory: Path, model: Transformer) -> GenerationConfig:
@@ -65,59 +131,28 @@ def _generation_config(directory: Path, model: Transformer) -> GenerationConfig:
     return GenerationConfig(**{**base, **changed})
 
 
-def load_pretrained(directory: str | Path) -> nn.Module:
-    """Build and load the model saved in ``directory`` (eval mode, on CPU)."""
-    directory = Path(directory)
+def _load_folder(directory: Path, weights: bool, overrides: dict[str, Any]) -> nn.Module:
     config = _read_config(directory)
-    kind = config["model_type"]
-    state = load_state_dict(find_weights(directory))
-    if kind == "marian":
-        cfg = marian_config_to_ours(config)
-        model: nn.Module = Transformer(cfg)
-        model.load_state_dict(marian_to_ours(state, cfg))
-    else:
-        model = _build_ours(kind, config)
-        _load_ours(model, state, directory)
+    model = _build(config, overrides)
+    if weights:
+        state = hub.read_folder(directory)
+        if config["model_type"] == "marian":
+            state = convert_hf_marian(state, model.config)
+        hub.load_state_dict(model, state, source=str(directory))
     if isinstance(model, Transformer):
         model.generation_config = _generation_config(directory, model)
-    return model.eval()
-
-
-def _build_ours(kind: str, config: dict[str, Any]) -> nn.Module:
-    if kind == "attn_nlp.transformer":
-        return Transformer(TransformerConfig.from_dict(config))
-    if kind == "attn_nlp.lm":
-        from .lm import DecoderOnlyLM, LMConfig
-
-        return DecoderOnlyLM(LMConfig.from_dict(config))
-    from .classifier import ClassifierConfig, TextClassifier
-
-    return TextClassifier(ClassifierConfig.from_dict(config))
-
-
-def _load_ours(model: nn.Module, state: dict[str, torch.Tensor], directory: Path) -> None:
-    """Strict load that tolerates tied weights saved once (safetensors drops duplicates)."""
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    params = dict(model.named_parameters(remove_duplicate=False))
-    unique = {id(p) for n, p in params.items() if n in state}
-    missing = [k for k in missing if not (k in params and id(params[k]) in unique)]
-    if missing or unexpected:
-        raise ValueError(
-            f"weights in {directory} do not fit the model: missing {sorted(missing)}, "
-            f"unexpected {sorted(unexpected)}"
-        )
+    return model
 
 
 def save_pretrained(
     model: nn.Module,
-    directory: str | Path,
+    directory: str | os.PathLike,
     *,
     tokenizer: Any = None,
     generation_config: GenerationConfig | None = None,
 ) -> Path:
-    """Write ``config.json`` + ``model.safetensors`` (+ tokenizer, generation settings)."""
-    from safetensors.torch import save_model
-
+    """Write ``config.json`` + ``model.safetensors`` (+ tokenizer, generation settings), each
+    atomically; ``create_model(directory)`` loads it back exactly."""
     from .classifier import TextClassifier
     from .lm import DecoderOnlyLM
 
@@ -130,48 +165,52 @@ def save_pretrained(
     if kind is None:
         raise TypeError(f"cannot save a {type(model).__name__}")
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    config = {"model_type": kind, **model.config.to_dict()}
-    (directory / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
-    save_model(model, str(directory / "model.safetensors"))
+    hub.save_state_dict(model.state_dict(), directory / "model.safetensors")
+    hub.write_json(directory / "config.json", {"model_type": kind, **model.config.to_dict()})
     gen = generation_config or getattr(model, "generation_config", None)
     if gen is not None:
-        text = json.dumps(gen.to_dict(), indent=2)
-        (directory / "generation_config.json").write_text(text, encoding="utf-8")
+        hub.write_json(directory / "generation_config.json", gen.to_dict())
     if tokenizer is not None:
         tokenizer.save(directory)
     return directory
 
 
 def create_model(
-    name: str | Path,
+    name_or_path: str | os.PathLike,
+    pretrained: bool | str | os.PathLike | None = None,
     *,
-    pretrained: bool = True,
-    cache_dir: str | Path | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    local_files_only: bool = False,
     **overrides: Any,
 ) -> nn.Module:
-    """A model by preset name, Hub repo id or local checkpoint directory.
+    """A model by preset name, Hub repo id or local checkpoint folder (eval mode, CPU).
 
-    * ``create_model("transformer-base", src_vocab_size=8000)`` -- a fresh preset.
-    * ``create_model("Helsinki-NLP/opus-mt-en-zh")`` -- downloads (cached) and converts.
-    * ``create_model("runs/numbers/last")`` -- a local directory (Marian or ours).
+    Args:
+        name_or_path: a preset (:func:`attn_nlp.list_models`), a Hub repo id or a folder.
+        pretrained: for a repo / folder: ``None`` / ``True`` load its weights, ``False``
+            builds its architecture with random weights. For a preset: ``None`` / ``False``
+            = random weights, or a path to a state-dict file of ours to load.
+        cache_dir, local_files_only: passed to the hub download.
+        **overrides: config fields (e.g. ``src_vocab_size=8000``, ``dropout=0.0``).
 
-    ``pretrained=False`` builds the architecture of a checkpoint with random weights.
-    Raises :class:`WeightsNotFoundError` when a checkpoint cannot be found or fetched.
+    Raises :class:`attn_core.hub.WeightsError` subclasses when a checkpoint cannot be found,
+    fetched or loaded, ``ValueError`` for unknown config fields.
     """
-    if str(name) in PRESETS:
-        return Transformer(get_config(str(name), **overrides))
-    if overrides:
-        raise TypeError(f"config overrides only apply to presets, got {sorted(overrides)}")
-    if not Path(name).expanduser().exists() and str(name).count("/") != 1:
-        raise WeightsNotFoundError(
-            f"unknown model {str(name)!r}: not a preset ({', '.join(sorted(PRESETS))}), a "
-            "checkpoint directory nor a Hub repo id like 'Helsinki-NLP/opus-mt-en-zh'"
+    name = str(name_or_path)
+    if name in PRESETS:
+        model = Transformer(get_config(name, **overrides))
+        if pretrained is True:
+            raise ValueError(
+                f"preset {name!r} has no published weights; pass pretrained=<path to a "
+                "model.safetensors of ours>, or a Hub repo id / checkpoint folder as the name"
+            )
+        if pretrained not in (None, False):
+            hub.load_state_dict(model, hub.read_state_dict(pretrained), source=str(pretrained))
+        return model.eval()
+    if pretrained not in (None, True, False):
+        raise ValueError(
+            f"{name!r} brings its own weights; pass pretrained=None/True (load them) or False "
+            f"(architecture only), not {pretrained!r}"
         )
-    directory = resolve_checkpoint(name, cache_dir=cache_dir)
-    if pretrained:
-        return load_pretrained(directory)
-    config = _read_config(directory)
-    if config["model_type"] == "marian":
-        return Transformer(marian_config_to_ours(config)).eval()
-    return _build_ours(config["model_type"], config).eval()
+    directory = resolve_checkpoint(name, cache_dir=cache_dir, local_files_only=local_files_only)
+    return _load_folder(directory, pretrained is not False, overrides).eval()

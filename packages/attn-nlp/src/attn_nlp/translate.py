@@ -18,9 +18,8 @@ from typing import Any
 
 import torch
 
-from .hub import resolve_checkpoint
 from .model import Transformer
-from .pretrained import load_pretrained
+from .pretrained import create_model, resolve_checkpoint
 from .tokenizer import TextTokenizer, load_tokenizer
 
 __all__ = ["Translator", "translate"]
@@ -42,7 +41,7 @@ class Translator:
     ) -> Translator:
         """Load model and tokenizer from a Hub repo id or a local checkpoint directory."""
         directory = resolve_checkpoint(name_or_path, cache_dir=cache_dir)
-        return cls(load_pretrained(directory), load_tokenizer(directory), device)
+        return cls(create_model(directory), load_tokenizer(directory), device)
 
     def _batches(self, texts: Sequence[str], batch_size: int) -> Iterator[list[int]]:
         """Indices of ``texts`` in batches of similar length (less padding)."""
