@@ -10,7 +10,9 @@ weights), ``text`` (CLIP text tower on OpenAI's 80 ImageNet prompts for one clas
 classes and extrapolated), ``vit`` (timm ``vit_base_patch16_224``, batch 8), ``attention``
 (math / sdpa / sliding-window / linear kernels at L = 1k..16k, plus compiled FlexAttention
 and a dense-masked SDPA as sliding-window references), ``dispatch`` (``attention()`` vs a
-raw ``F.scaled_dot_product_attention`` call) and ``compile`` (``CLIP.compile_encoders``).
+raw ``F.scaled_dot_product_attention`` call), ``compile`` (``CLIP.compile_encoders``) and
+``startup`` (the README's first command, offline zero-shot with the bundled model, against
+``python -c "import torch"``, each a fresh interpreter).
 
 Method. Every section builds ours and the references in this one process with identical
 random weights (transformers' random ``CLIPModel`` -> ours through our converter -> open_clip
@@ -681,6 +683,44 @@ def bench_dispatch(args, report: Report) -> None:
     )
 
 
+README_COMMAND = (  # the README's first command, after `uv run`
+    "apps/zero_shot.py", "--model", "demo-shapes", "--image", "docs/assets/red_circle.png",
+    "--labels", "red circle", "red square", "blue circle", "green star",
+)  # fmt: skip
+
+
+def bench_startup(args, report: Report) -> None:
+    """Wall time of fresh interpreters: the README's first command vs importing torch."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    commands = {
+        "import torch": [sys.executable, "-c", "import torch"],
+        "README first command": [sys.executable, *README_COMMAND],
+    }
+
+    def run(cmd: list[str]) -> None:
+        subprocess.run(cmd, cwd=root, env=env, check=True, capture_output=True, timeout=300)
+
+    fns = {name: (lambda c=cmd: run(c)) for name, cmd in commands.items()}
+    t = time_interleaved(fns, args.startup_repeats, warmup=1)
+    report.add_case(
+        "start-up (fresh interpreter, wall time)", "offline zero-shot, demo-shapes", t, 1, "run",
+        ours="README first command",
+        note="python apps/zero_shot.py ... as `uv run` starts it, without uv's own check",
+    )  # fmt: skip
+    extra = t["README first command"].median - t["import torch"].median
+    report.goal(
+        "start-up: the README's first command",
+        '<= 1.0 s more than python -c "import torch"',
+        f"{extra:+.2f} s ({t['README first command'].median:.2f} s vs "
+        f"{t['import torch'].median:.2f} s, medians of {args.startup_repeats})",
+        extra <= 1.0,
+    )
+
+
 def bench_compile(args, report: Report, m: ClipModels) -> None:
     from attn_clip import IMAGENET_CLASSNAMES, CLIPConfig, Tokenizer, create_model
 
@@ -719,7 +759,7 @@ def bench_compile(args, report: Report, m: ClipModels) -> None:
 # ----------------------------------------------------------------------------------------
 
 
-SECTIONS = ("image", "text", "zeroshot", "vit", "attention", "dispatch", "compile")
+SECTIONS = ("image", "text", "zeroshot", "vit", "attention", "dispatch", "compile", "startup")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -750,7 +790,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     q = args.quick
     args.sections = [s for s in (args.only.split(",") if args.only else SECTIONS) if s]
     if q and not args.only:
-        args.sections = [s for s in SECTIONS if s != "compile"]  # compiling takes ~20 s
+        # compiling takes ~20 s; start-up runs fresh interpreters
+        args.sections = [s for s in SECTIONS if s not in ("compile", "startup")]
     skip = set(filter(None, args.skip.split(",")))
     unknown = (set(args.sections) | skip) - set(SECTIONS)
     if unknown:
@@ -760,6 +801,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.inner = 1 if q else 3
     args.attn_repeats = 2 if q else 5
     args.dispatch_repeats = 3 if q else 15
+    args.startup_repeats = 2 if q else 7
     default_batches = "1,8" if q else "1,8,32"
     args.batches = [int(b) for b in (args.batches or default_batches).split(",")]
     args.zero_shot_classes = args.zero_shot_classes or (3 if q else 50)
@@ -814,6 +856,8 @@ def main(argv: list[str] | None = None) -> int:
                 bench_attention(args, report)
             elif section == "dispatch":
                 bench_dispatch(args, report)
+            elif section == "startup":
+                bench_startup(args, report)
     if "compile" in args.sections:  # compiled graphs are made outside inference_mode
         with torch.no_grad():
             print("[compile]", file=sys.stderr, flush=True)

@@ -46,3 +46,13 @@ def test_quick_run_writes_tables_and_json(benchmark_script, tmp_path, capsys):
 def test_bad_section_is_refused(benchmark_script):
     with pytest.raises(SystemExit):
         benchmark_script.main(["--only", "nope"])
+
+
+def test_startup_section_reports_the_goal(benchmark_script, tmp_path):
+    """--only startup: fresh interpreters for the README's first command and `import torch`."""
+    out = tmp_path / "bench.json"
+    assert benchmark_script.main(["--only", "startup", "--quick", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert {row["impl"] for row in result["rows"]} == {"import torch", "README first command"}
+    (goal,) = result["goals"]
+    assert goal["name"] == "start-up: the README's first command" and "s vs" in goal["measured"]
