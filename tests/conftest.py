@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
 import pytest
 import torch
 
@@ -18,3 +23,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# -- hostile TorchScript archives (builder in tests/payloads.py) ------------------------------
+
+
+def _load_payloads() -> ModuleType:
+    """tests/payloads.py as module ``attn_zoo_test_payloads`` (``--import-mode=importlib``
+    puts no test folder on sys.path); registered in sys.modules for ``importlib.import_module``."""
+    name = "attn_zoo_test_payloads"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("payloads.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+PAYLOADS = _load_payloads()
+
+
+@pytest.fixture
+def torchscript_payload(tmp_path: Path) -> tuple[Path, Path]:
+    """``(archive_path, marker_path)``: ``torch.jit.load(archive_path)`` creates ``marker_path``
+    (its ``__setstate__`` calls ``torch.from_file(marker, shared=True)``); both under tmp_path.
+    A safe loader refuses the archive or returns tensors, and the marker never appears."""
+    archive, marker = tmp_path / "payload.pt", tmp_path / "payload-ran.marker"
+    PAYLOADS.make_torchscript_payload(archive, marker)
+    return archive, marker

@@ -7,7 +7,6 @@ import os
 import pickle
 import stat
 import time
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -237,11 +236,3 @@ def test_atomic_writes_get_normal_permissions_and_leave_nothing_behind(tmp_path)
             raise RuntimeError("crash")
     assert json.loads((tmp_path / "c.json").read_text()) == {"a": 1}  # untouched
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.json", "w.safetensors"]
-
-
-def test_torchscript_detection_covers_what_torch_load_would_jit_load(tmp_path):
-    path = tmp_path / "x.bin"
-    with zipfile.ZipFile(path, "w") as zf:
-        zf.writestr("archive/constants.pkl", pickle.dumps(()))
-        zf.writestr("archive/data.pkl", pickle.dumps({}))
-    assert hub.is_torchscript_archive(path)

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 from attn_core import hub
+from attn_core.torchscript import is_torchscript_archive
 
 from .registry import PretrainedSource
 
@@ -76,7 +77,7 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
             open_clip_config=oc_config,
             preprocessor_config=_read_json(path / "preprocessor_config.json"),
         )
-    kind = "torchscript" if path.is_file() and hub.is_torchscript_archive(path) else "file"
+    kind = "torchscript" if is_torchscript_archive(path) else "file"
     return Checkpoint(hub.read_state_dict(path), kind, path)
 
 

@@ -38,7 +38,6 @@ import json
 import os
 import socket
 import tempfile
-import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -59,7 +58,6 @@ __all__ = [
     "download",
     "hf_cache_dir",
     "hub_unreachable",
-    "is_torchscript_archive",
     "load_state_dict",
     "read_folder",
     "read_sharded",
@@ -223,19 +221,14 @@ def _torch_load(path: Path) -> StateDict:
             "came from"
         ) from None
     except Exception as e:
+        detail = _first_line(e)
+        if "weights_only" in detail:  # torch's advice to unpickle anyway: not ours to give
+            detail = "not a plain file of tensors"
         raise CheckpointError(
             f"cannot read {path}: not a checkpoint or a corrupt file "
-            f"({type(e).__name__}: {_first_line(e)})"
+            f"({type(e).__name__}: {detail})"
         ) from None
     return _unwrap(obj, path)
-
-
-def is_torchscript_archive(path: Path) -> bool:
-    """A zip archive torch would hand to ``torch.jit.load`` (``constants.pkl`` / ``code/``)."""
-    if not zipfile.is_zipfile(path):
-        return False
-    with zipfile.ZipFile(path) as zf:
-        return any(n.endswith("constants.pkl") or "/code/" in n for n in zf.namelist())
 
 
 def read_state_dict(path: str | os.PathLike) -> StateDict:
@@ -257,9 +250,9 @@ def read_state_dict(path: str | os.PathLike) -> StateDict:
             return load_file(str(path), device="cpu")
         except Exception as e:  # SafetensorError for truncated / corrupt files
             raise CheckpointError(f"cannot read safetensors file {path}: {e}") from None
-    if is_torchscript_archive(path):
-        from .torchscript import read_torchscript_archive
+    from .torchscript import is_torchscript_archive, read_torchscript_archive
 
+    if is_torchscript_archive(path):
         return read_torchscript_archive(path)
     return _torch_load(path)
 
