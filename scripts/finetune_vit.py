@@ -20,9 +20,11 @@ accumulation, gradient checkpointing, top-1 / top-5 on the validation set after 
 epoch. Unreadable images are skipped with a warning and counted.
 
 Checkpoints (``--out``/``last``, ``best``): ``model.safetensors`` (+ ``ema.safetensors``),
-``trainer_state.pt`` (optimizer, scheduler, scaler, RNG, progress) and ``config.json``;
-written atomically. Rerunning the same command resumes exactly. A non-finite loss stops
-the run with a clear message and leaves the last good checkpoint untouched.
+``trainer_state.pt`` (optimizer, scheduler, scaler, RNG, progress) and ``config.json``
+(``attn_vision.save_pretrained``: ``attn_vision.create_model(<out>/best)`` loads the model;
+the class names are its ``pretrained_cfg["label_names"]``); written atomically. Rerunning
+the same command resumes exactly. A non-finite loss stops the run with a clear message and
+leaves the last good checkpoint untouched.
 """
 
 from __future__ import annotations
@@ -335,14 +337,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             }
         )
 
-    def write_files(directory: Path) -> None:
-        meta = {
-            "model": args.model,
-            "config": {k: v for k, v in vars(model.config).items()},
-            "classes": classes,
-            "pretrained_cfg": model.pretrained_cfg,
-        }
-        (directory / "config.json").write_text(json.dumps(meta, indent=2, default=list))
+    model.pretrained_cfg["label_names"] = classes  # timm's field for the class names
+
+    def write_files(directory: Path) -> None:  # a folder attn_vision.create_model loads
+        attn_vision.save_pretrained(model, directory)
         if ema is not None:
             save_model(ema.module, str(directory / "ema.safetensors"))
 

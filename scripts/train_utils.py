@@ -299,9 +299,11 @@ def save_checkpoint(
     """Write a checkpoint directory atomically (called on every rank; rank 0 writes).
 
     ``progress`` holds plain numbers (step, epoch, batches seen, best metric ...).
-    ``write_files(tmp_dir)`` adds e.g. ``config.json`` and the tokenizer, so the checkpoint
-    is also a loadable model directory. The directory is assembled as ``NAME.tmp`` and then
-    swapped in with ``os.replace``; a crash never leaves a half-written ``NAME``.
+    ``write_files(tmp_dir)`` adds e.g. ``config.json`` and the tokenizer (or saves the model
+    with its package's ``save_pretrained``), so the checkpoint is also a loadable model
+    directory; ``model.safetensors`` is written here unless it did. The directory is
+    assembled as ``NAME.tmp`` and then swapped in with ``os.replace``; a crash never leaves a
+    half-written ``NAME``.
     """
     rngs = [None] * d.world_size
     if d.enabled:
@@ -318,7 +320,10 @@ def save_checkpoint(
         )
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        save_model(unwrap(model), str(tmp / "model.safetensors"))
+        if write_files is not None:  # config, tokenizer; may save the model itself
+            write_files(tmp)
+        if not (tmp / "model.safetensors").is_file():
+            save_model(unwrap(model), str(tmp / "model.safetensors"))
         state = {
             "progress": dict(progress),
             "optimizer": optimizer.state_dict(),
@@ -327,8 +332,6 @@ def save_checkpoint(
             "rng": rngs,
         }
         torch.save(state, tmp / "trainer_state.pt")
-        if write_files is not None:
-            write_files(tmp)
         if directory.exists():
             shutil.rmtree(old, ignore_errors=True)
             os.replace(directory, old)

@@ -115,3 +115,15 @@ def test_train_clip_pretrained(torchscript_payload, load_script_module):
 @pytest.fixture
 def load_script_module(monkeypatch):
     return lambda name: load(monkeypatch, ROOT / "scripts" / f"{name}.py")
+
+
+def test_finetune_vit_pretrained(torchscript_payload, load_script_module):
+    archive, marker = torchscript_payload
+    finetune_vit = load_script_module("finetune_vit")
+    args = finetune_vit.build_parser().parse_args(
+        ["--model", "vit_tiny_patch16_224", "--pretrained", str(archive)]
+        + ["--train-dir", "unused", "--out", "unused"]
+    )
+    with pytest.raises(WeightsError):
+        finetune_vit.build_model(args, num_classes=3)
+    assert not marker.exists()

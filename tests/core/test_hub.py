@@ -119,8 +119,9 @@ def test_broken_files_are_clear_errors(tmp_path):
     (tmp_path / "junk.bin").write_bytes(b"not a checkpoint")
     torch.save({"a": [1, 2]}, tmp_path / "list.bin")
     for name in ("junk.safetensors", "junk.bin", "list.bin"):
-        with pytest.raises(CheckpointError):
+        with pytest.raises(CheckpointError) as err:
             hub.read_state_dict(tmp_path / name)
+        assert not isinstance(err.value, UnsafeCheckpointError), name
     with pytest.raises(WeightsUnavailableError, match="not found"):
         hub.read_state_dict(tmp_path / "missing.bin")
 

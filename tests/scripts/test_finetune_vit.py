@@ -91,14 +91,13 @@ def test_loss_goes_down_on_a_fixed_batch(fv, data, tmp_path):
         assert {"model.safetensors", "ema.safetensors", "trainer_state.pt", "config.json"} <= {
             p.name for p in (out / name).iterdir()
         }
-    meta = json.loads((out / "last" / "config.json").read_text())
-    assert meta["classes"] == sorted(p.name for p in (data / "train").iterdir())
-
     import attn_vision
 
-    model = attn_vision.create_model(meta["model"], **meta["config"])
-    assert model.num_classes == 24
-    model.load_state_dict(weights(out / "last"))  # a plain attn_vision state dict
+    model = attn_vision.create_model(out / "last")  # the checkpoint is a model folder
+    assert model.num_classes == 24 and not model.training
+    classes = sorted(p.name for p in (data / "train").iterdir())
+    assert list(model.pretrained_cfg["label_names"]) == classes
+    torch.testing.assert_close(model.state_dict(), weights(out / "last"))
 
 
 def test_layer_decay_and_weight_decay_groups(fv):

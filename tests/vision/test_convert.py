@@ -7,13 +7,8 @@ import pickle
 import pytest
 import timm
 import torch
-from attn_vision import (
-    convert_timm_vit,
-    create_model,
-    get_model_config,
-    load_state_dict_file,
-    resample_abs_pos_embed,
-)
+from attn_core.hub import CheckpointError, UnsafeCheckpointError, WeightsUnavailableError
+from attn_vision import convert_timm_vit, create_model, get_model_config, resample_abs_pos_embed
 from safetensors.torch import save_file
 from timm.layers import resample_abs_pos_embed as timm_resample
 
@@ -36,7 +31,7 @@ def test_missing_and_unexpected_keys_are_listed(tiny_sd) -> None:
     sd = dict(tiny_sd)
     del sd["blocks.0.attn.qkv.weight"]
     sd["blocks.0.attn.bogus"] = torch.zeros(1)
-    with pytest.raises(ValueError) as e:
+    with pytest.raises(CheckpointError) as e:
         convert_timm_vit(sd, cfg)
     msg = str(e.value)
     assert "missing keys (1): blocks.0.attn.qkv.weight" in msg
@@ -90,17 +85,17 @@ def test_arbitrary_pickles_are_refused(tmp_path, capsys) -> None:
     path = tmp_path / "evil.pth"
     with open(path, "wb") as f:
         pickle.dump({"x": _Evil()}, f, protocol=2)
-    with pytest.raises(pickle.UnpicklingError):
-        load_state_dict_file(path)
+    with pytest.raises(UnsafeCheckpointError):
+        create_model("vit_tiny_patch16_224", pretrained=path, **TINY)
     assert "arbitrary code ran" not in capsys.readouterr().out
 
 
-def test_bad_paths_and_formats(tmp_path, tiny_sd) -> None:
-    with pytest.raises(FileNotFoundError, match="checkpoint file not found"):
-        load_state_dict_file(tmp_path / "missing.safetensors")
-    (tmp_path / "weights.npz").write_bytes(b"")
-    with pytest.raises(ValueError, match="unsupported checkpoint format '.npz'"):
-        load_state_dict_file(tmp_path / "weights.npz")
+def test_bad_paths_and_files(tmp_path, tiny_sd) -> None:
+    with pytest.raises(WeightsUnavailableError, match=r"neither a pretrained tag .*augreg_in21k"):
+        create_model("vit_tiny_patch16_224", pretrained=str(tmp_path / "missing.safetensors"))
+    (tmp_path / "weights.npz").write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError):  # not a checkpoint: refused, never unpickled
+        create_model("vit_tiny_patch16_224", pretrained=tmp_path / "weights.npz", **TINY)
     save_file({k: v.contiguous() for k, v in tiny_sd.items()}, str(tmp_path / "tiny.safetensors"))
-    with pytest.raises(ValueError, match=r"(?s)missing keys.*blocks\.1\..*depth"):
+    with pytest.raises(CheckpointError, match=r"(?s)missing keys.*blocks\.1\..*depth"):
         create_model("vit_tiny_patch16_224", pretrained=tmp_path / "tiny.safetensors", depth=2)

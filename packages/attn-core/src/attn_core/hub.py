@@ -215,8 +215,13 @@ def _torch_load(path: Path) -> StateDict:
         # torch's message suggests weights_only=False; ours names only what was refused
         refused = next((ln.strip() for ln in str(e).splitlines() if "Unsupported" in ln), "")
         refused = refused.split(" was not an allowed global")[0].split("error: ")[-1]
+        if not refused:  # not a refusal: a corrupt or foreign file
+            raise CheckpointError(
+                f"cannot read {path}: not a checkpoint or a corrupt file (not a pickle of "
+                "tensors torch can read)"
+            ) from None
         raise UnsafeCheckpointError(
-            f"refusing {path}: it holds more than tensors ({refused or 'a refused object'}); "
+            f"refusing {path}: it holds more than tensors ({refused}); "
             "weights are read as tensors only -- convert the file to .safetensors where it "
             "came from"
         ) from None

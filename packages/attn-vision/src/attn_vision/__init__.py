@@ -1,74 +1,100 @@
-"""attn_vision: ViT, Swin and channel/spatial attention on attn_core, loading timm weights.
+"""attn_vision: ViT, Swin, ResNet and channel/spatial attention on attn_core, loading timm weights.
 
 Quick start::
 
     import attn_vision
-    model = attn_vision.create_model("vit_base_patch16_224", pretrained=True).eval()
+    model = attn_vision.create_model("vit_base_patch16_224", pretrained=True)  # eval mode
     transform = attn_vision.create_transform(model)
     logits = model(transform(image)[None])
 
+Names are imported on first use, and nothing here imports timm, open_clip, transformers
+or torchvision: building a model or loading one from a local file stays light. Weights
+are fetched, read and checked by :mod:`attn_core.hub` (catch its ``WeightsError``).
 See docs/vision.md.
 """
 
-from .channel_attention import (
-    CBAM,
-    ChannelAttention,
-    CoordinateAttention,
-    EfficientChannelAttention,
-    SpatialAttention,
-    SqueezeExcite,
-    create_attn,
-)
-from .convert import convert_timm_resnet, convert_timm_swin, convert_timm_vit
-from .patch_embed import PatchEmbed, resample_abs_pos_embed
-from .pretrained import (
-    PretrainedLocation,
-    WeightsUnavailableError,
-    download_pretrained,
-    load_state_dict_file,
-    resolve_pretrained,
-)
-from .registry import create_model, get_model_config, list_models, register_model
-from .resnet import ResNet, ResNetConfig
-from .swin import SwinConfig, SwinTransformer
-from .transforms import create_transform, resolve_data_config
-from .visualize import attention_heatmap, attention_rollout, cls_attention, save_attention_heatmap
-from .vit import VisionTransformer, ViTConfig
+# ruff: noqa: F401  (the TYPE_CHECKING imports below re-export __all__)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "channel_attention": [
+        "CBAM",
+        "ChannelAttention",
+        "CoordinateAttention",
+        "EfficientChannelAttention",
+        "SpatialAttention",
+        "SqueezeExcite",
+        "create_attn",
+    ],
+    "convert": ["convert_timm_resnet", "convert_timm_swin", "convert_timm_vit"],
+    "patch_embed": ["PatchEmbed", "resample_abs_pos_embed"],
+    "pretrained": ["PretrainedLocation", "get_pretrained_cfg", "resolve_pretrained"],
+    "registry": [
+        "create_model",
+        "get_model_config",
+        "list_models",
+        "register_model",
+        "save_pretrained",
+    ],
+    "resnet": ["ResNet", "ResNetConfig"],
+    "swin": ["SwinConfig", "SwinTransformer"],
+    "transforms": ["create_transform", "resolve_data_config"],
+    "visualize": [
+        "attention_heatmap",
+        "attention_rollout",
+        "cls_attention",
+        "save_attention_heatmap",
+    ],
+    "vit": ["VisionTransformer", "ViTConfig"],
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 
 __version__ = "0.1.0"
+__all__ = sorted(_WHERE)
 
-__all__ = [
-    "CBAM",
-    "ChannelAttention",
-    "CoordinateAttention",
-    "EfficientChannelAttention",
-    "PatchEmbed",
-    "PretrainedLocation",
-    "ResNet",
-    "ResNetConfig",
-    "SpatialAttention",
-    "SqueezeExcite",
-    "SwinConfig",
-    "SwinTransformer",
-    "ViTConfig",
-    "VisionTransformer",
-    "WeightsUnavailableError",
-    "attention_heatmap",
-    "attention_rollout",
-    "cls_attention",
-    "convert_timm_resnet",
-    "convert_timm_swin",
-    "convert_timm_vit",
-    "create_attn",
-    "create_model",
-    "create_transform",
-    "download_pretrained",
-    "get_model_config",
-    "list_models",
-    "load_state_dict_file",
-    "register_model",
-    "resample_abs_pos_embed",
-    "resolve_data_config",
-    "resolve_pretrained",
-    "save_attention_heatmap",
-]
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'attn_vision' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)
+
+
+if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
+    from .channel_attention import (
+        CBAM,
+        ChannelAttention,
+        CoordinateAttention,
+        EfficientChannelAttention,
+        SpatialAttention,
+        SqueezeExcite,
+        create_attn,
+    )
+    from .convert import convert_timm_resnet, convert_timm_swin, convert_timm_vit
+    from .patch_embed import PatchEmbed, resample_abs_pos_embed
+    from .pretrained import PretrainedLocation, get_pretrained_cfg, resolve_pretrained
+    from .registry import (
+        create_model,
+        get_model_config,
+        list_models,
+        register_model,
+        save_pretrained,
+    )
+    from .resnet import ResNet, ResNetConfig
+    from .swin import SwinConfig, SwinTransformer
+    from .transforms import create_transform, resolve_data_config
+    from .visualize import (
+        attention_heatmap,
+        attention_rollout,
+        cls_attention,
+        save_attention_heatmap,
+    )
+    from .vit import VisionTransformer, ViTConfig

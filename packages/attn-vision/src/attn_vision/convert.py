@@ -4,8 +4,10 @@ Each converter takes a timm-format ``state_dict`` and the target model's config 
 returns a new state dict that ``model.load_state_dict(..., strict=True)`` accepts. It
 never touches a model: the expected keys and shapes come from building the model on
 the ``meta`` device. Anything that does not line up -- missing keys, unexpected keys,
-wrong shapes -- raises ``ValueError`` listing all of them (plus a hint where one helps,
-e.g. ``num_classes=`` for a head of another size).
+wrong shapes -- raises :class:`attn_core.hub.CheckpointError` (a ``ValueError``) listing
+all of them (plus a hint where one helps, e.g. ``num_classes=`` for a head of another
+size). Values (finite, dtypes) are checked when the result is loaded
+(:func:`attn_core.hub.load_state_dict`).
 
 Fixes applied, as timm applies them when it loads its own checkpoints:
 
@@ -22,6 +24,7 @@ import re
 from collections.abc import Callable, Mapping
 
 import torch
+from attn_core.hub import CheckpointError
 from torch import nn
 
 from .patch_embed import resample_abs_pos_embed
@@ -66,7 +69,7 @@ def _first(items: list[str], sep: str = ", ", n: int = 20) -> str:
 def check_state_dict(
     state_dict: StateDict, expected: Mapping[str, torch.Size], source: str
 ) -> None:
-    """Raise ``ValueError`` listing every missing / unexpected key and shape mismatch."""
+    """Raise ``CheckpointError`` listing every missing / unexpected key and shape mismatch."""
     missing = sorted(set(expected) - set(state_dict))
     unexpected = sorted(set(state_dict) - set(expected))
     mismatched = [
@@ -91,7 +94,7 @@ def check_state_dict(
             )
     if any(k.startswith("blocks.") or k.startswith("layers.") for k in missing + unexpected):
         lines.append("  hint: does depth / depths match the checkpoint?")
-    raise ValueError("\n".join(lines))
+    raise CheckpointError("\n".join(lines))
 
 
 def convert_timm_vit(state_dict: Mapping[str, torch.Tensor], config: ViTConfig) -> StateDict:
@@ -101,7 +104,7 @@ def convert_timm_vit(state_dict: Mapping[str, torch.Tensor], config: ViTConfig) 
     for k, v in _unwrap(state_dict).items():
         if k.startswith("pre_logits."):
             continue  # representation layer of old in21k checkpoints; unused (timm drops it too)
-        if k == "pos_embed" and k in expected and v.shape != expected[k]:
+        if k == "pos_embed" and k in expected and v.shape != expected[k] and v.is_floating_point():
             v = resample_abs_pos_embed(
                 v,
                 config.grid_size,

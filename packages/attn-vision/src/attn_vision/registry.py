@@ -1,4 +1,4 @@
-"""Named model presets and ``create_model`` / ``list_models``, the timm way.
+"""Named presets, ``create_model`` / ``list_models`` / ``save_pretrained``: the zoo's contract.
 
 Names are timm's (``vit_base_patch16_224``, ``swin_tiny_patch4_window7_224``,
 ``resnet18``, ...) and accept timm's pretrained tag after a dot
@@ -6,24 +6,45 @@ Names are timm's (``vit_base_patch16_224``, ``swin_tiny_patch4_window7_224``,
 As in timm, the tag's pretrained config supplies defaults for ``num_classes``,
 ``in_chans`` and (for fixed-size models) ``img_size``; keyword overrides win.
 Presets that timm does not have (``resnet18_eca``, ...) have no pretrained weights.
+
+timm's pretrained configs for these presets are a generated table shipped with the package
+(``timm_pretrained_cfgs.json``): only its generator imports timm. Regenerate it after
+adding a preset or upgrading timm::
+
+    python -m attn_vision.registry --write-table
+
+A folder written by :func:`save_pretrained` holds ``config.json`` and
+``model.safetensors`` (attn_vision's state dict); ``config.json`` is::
+
+    {"architecture": "vit_tiny_patch16_224",  # the preset (null for a hand-built model)
+     "family": "vit",                          # "vit", "swin" or "resnet"
+     "model_args": {...},                      # every field of the config dataclass
+     "pretrained_cfg": {...}}                  # model.pretrained_cfg (preprocessing)
+
+and is read strictly: unknown keys are refused by name (``attn_core.hub.CheckpointError``).
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
 import fnmatch
+import json
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from attn_core import hub
 from torch import nn
 
 from .convert import convert_timm_resnet, convert_timm_swin, convert_timm_vit
 from .pretrained import (
-    download_pretrained,
+    TABLE_FIELDS,
+    TABLE_PATH,
     get_pretrained_cfg,
-    load_state_dict_file,
+    pretrained_tags,
     resolve_pretrained,
 )
 from .resnet import ResNet, ResNetConfig
@@ -31,7 +52,17 @@ from .swin import SwinConfig, SwinTransformer
 from .transforms import DEFAULT_CROP_PCT, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from .vit import VisionTransformer, ViTConfig
 
-__all__ = ["create_model", "get_model_config", "list_models", "register_model"]
+__all__ = [
+    "create_model",
+    "get_model_config",
+    "list_models",
+    "register_model",
+    "save_pretrained",
+]
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+CONFIG_KEYS = ("architecture", "family", "model_args", "pretrained_cfg")
 
 # preprocessing of presets timm has no pretrained cfg for: timm's own defaults
 DEFAULT_DATA_CFG = {
@@ -42,7 +73,6 @@ DEFAULT_DATA_CFG = {
     "mean": IMAGENET_DEFAULT_MEAN,
     "std": IMAGENET_DEFAULT_STD,
 }
-
 # family -> (config dataclass, model class, converter from timm's state dict)
 FAMILIES: dict[str, tuple[type, type[nn.Module], Any]] = {
     "vit": (ViTConfig, VisionTransformer, convert_timm_vit),
@@ -127,25 +157,24 @@ def _spec(arch: str) -> ModelSpec:
     if arch not in _MODELS:
         close = difflib.get_close_matches(arch, list(_MODELS), n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise ValueError(f"unknown model {arch!r}{hint} (see attn_vision.list_models())")
+        raise ValueError(
+            f"unknown model {arch!r}{hint} (see attn_vision.list_models(); or pass a folder "
+            "written by save_pretrained)"
+        )
     return _MODELS[arch]
 
 
-def list_models(pattern: str = "*", pretrained: bool = False) -> list[str]:
-    """Sorted preset names matching the glob ``pattern``.
+def list_models(pattern: str | None = None, pretrained: bool = False) -> list[str]:
+    """Sorted preset names matching the glob ``pattern`` (None: all).
 
-    ``pretrained=True`` lists ``arch.tag`` for every pretrained tag timm knows instead.
+    ``pretrained=True`` lists ``arch.tag`` for every tag timm has Hub weights for instead.
     """
+    pattern = pattern or "*"
     names = sorted(n for n in _MODELS if fnmatch.fnmatch(n, pattern.partition(".")[0]))
     if not pretrained:
         return names
-    import timm
-
-    tagged = []
-    for n in names:
-        if _MODELS[n].timm_weights:
-            tagged += [t for t in timm.list_pretrained(f"{n}.*") if fnmatch.fnmatch(t, pattern)]
-    return sorted(tagged)
+    tagged = (f"{n}.{t}" for n in names if _MODELS[n].timm_weights for t in pretrained_tags(n))
+    return sorted(t for t in tagged if fnmatch.fnmatch(t, pattern))
 
 
 def _make_config(config_cls: type, args: dict[str, Any]) -> Any:
@@ -160,7 +189,9 @@ def _make_config(config_cls: type, args: dict[str, Any]) -> Any:
 
 def _data_cfg(timm_cfg: dict[str, Any] | None, config: Any) -> dict[str, Any]:
     """The model's ``pretrained_cfg`` (timm's, with input size / classes of *this* model)."""
-    cfg = dict(timm_cfg) if timm_cfg else dict(DEFAULT_DATA_CFG)
+    cfg = dict(timm_cfg or {})
+    for key, value in DEFAULT_DATA_CFG.items():
+        cfg.setdefault(key, value)
     h, w = cfg["input_size"][1:]
     if hasattr(config, "img_size"):
         img = config.img_size
@@ -197,42 +228,249 @@ def _resolve(name: str, overrides: dict[str, Any]) -> tuple[ModelSpec, Any, dict
     return spec, _make_config(config_cls, args), timm_cfg
 
 
+# --- create / save / load ----------------------------------------------------------------
 def create_model(
-    name: str,
-    pretrained: bool | str | os.PathLike = False,
+    name_or_path: str | os.PathLike,
+    pretrained: bool | str | os.PathLike | None = None,
     *,
     cache_dir: str | os.PathLike | None = None,
+    local_files_only: bool = False,
     **overrides: Any,
 ) -> nn.Module:
-    """Build preset ``name`` (``arch`` or ``arch.tag``) and optionally load weights.
+    """Build a preset or a saved folder, optionally with weights; returned in eval mode.
 
     Args:
-        name: a name from :func:`list_models`, optionally with a timm pretrained tag.
-        pretrained: ``False``; ``True`` = timm's weights for the tag, fetched from the
-            Hugging Face Hub (cached; raises :class:`WeightsUnavailableError` when
-            offline / unreachable); or a path to a local timm-format ``.safetensors`` /
-            ``.bin`` file.
+        name_or_path: a name from :func:`list_models` (``arch`` or ``arch.tag``), or a
+            folder written by :func:`save_pretrained`.
+        pretrained: ``None`` / ``False``: random init. ``True``: timm's weights for the
+            name's tag (timm's default tag for a bare ``arch``), from the Hugging Face Hub
+            cache or downloaded. A pretrained tag of the arch (``"augreg_in21k"``): that
+            tag's weights. A path to a timm-format ``.safetensors`` / ``.bin`` file (or a
+            folder holding ``model.safetensors`` / ``pytorch_model.bin``, sharded or not):
+            those weights. A saved folder as ``name_or_path`` brings its own weights,
+            loaded unless ``pretrained=False``.
         cache_dir: Hub cache directory (default: huggingface_hub's).
-        **overrides: config fields, e.g. ``num_classes=10``, ``img_size=384``, ``depth=2``.
+        local_files_only: never use the network (the file must be in the cache).
+        **overrides: config fields, e.g. ``num_classes=10``, ``img_size=384``, ``depth=2``;
+            unknown ones raise ``ValueError`` naming them.
 
-    Returns the model (in training mode, like timm); ``model.pretrained_cfg`` holds the
-    preprocessing settings that :func:`attn_vision.create_transform` uses.
+    ``model.pretrained_cfg`` holds the preprocessing settings that
+    :func:`attn_vision.create_transform` uses. Call ``.train()`` to train.
     """
+    folder = _saved_folder(name_or_path)
+    if folder is not None:
+        return _load_folder(folder, pretrained, overrides).eval()
+    name = str(name_or_path)
+    arch, _, tag = name.partition(".")
+    if isinstance(pretrained, str) and pretrained in pretrained_tags(arch, with_weights=False):
+        if tag and tag != pretrained:
+            raise ValueError(f"{name!r} names tag {tag!r} but pretrained={pretrained!r}")
+        name, pretrained = f"{arch}.{pretrained}", True
     spec, config, timm_cfg = _resolve(name, overrides)
     _, model_cls, converter = FAMILIES[spec.family]
     loading = pretrained is not False and pretrained is not None
     model = model_cls(config, weight_init=not loading)
     model.pretrained_cfg = _data_cfg(timm_cfg, config)
-    model.pretrained_cfg["architecture"] = name.partition(".")[0]
-    if not loading:
-        return model
-    if pretrained is True:
-        if not spec.timm_weights:
-            raise ValueError(
-                f"{name!r} has no published weights; pass pretrained=<path> to load your own"
+    model.pretrained_cfg["architecture"] = arch
+    if loading:
+        if pretrained is True:
+            if not spec.timm_weights:
+                raise ValueError(
+                    f"{name!r} has no published weights; pass pretrained=<path> to load your own"
+                )
+            loc = resolve_pretrained(name)
+            path = hub.download(
+                loc.repo_id,
+                loc.filenames,
+                revision=loc.revision,
+                cache_dir=cache_dir,
+                local_files_only=local_files_only,
             )
-        path = download_pretrained(resolve_pretrained(name), cache_dir=cache_dir)
-    else:
-        path = pretrained
-    model.load_state_dict(converter(load_state_dict_file(path), config))
+        else:
+            path = _weights_file(pretrained, arch)
+        state_dict = converter(hub.read_state_dict(path), config)
+        hub.load_state_dict(model, state_dict, source=str(path))
+    return model.eval()
+
+
+def _weights_file(pretrained: str | os.PathLike, arch: str) -> Path:
+    """``pretrained`` as a file or folder of weights; else WeightsUnavailableError (with tags)."""
+    path = Path(pretrained)
+    if not path.exists():
+        tags = pretrained_tags(arch)
+        hint = f"a pretrained tag of {arch!r} ({', '.join(tags)}) nor " if tags else ""
+        raise hub.WeightsUnavailableError(
+            f"pretrained={str(pretrained)!r} is neither {hint}a checkpoint file or folder"
+        )
+    return path
+
+
+def _saved_folder(name_or_path: str | os.PathLike) -> Path | None:
+    """``name_or_path`` as a save_pretrained folder, or None for a preset name."""
+    if isinstance(name_or_path, str) and name_or_path.partition(".")[0] in _MODELS:
+        return None
+    path = Path(name_or_path)
+    if path.is_dir():
+        if not (path / CONFIG_NAME).is_file():
+            raise hub.WeightsUnavailableError(
+                f"{path} has no {CONFIG_NAME}: not a folder written by save_pretrained"
+            )
+        return path
+    if isinstance(name_or_path, os.PathLike):
+        raise hub.WeightsUnavailableError(f"no such folder: {path}")
+    return None  # an unknown name: _spec says so
+
+
+def _family(model: nn.Module) -> str:
+    for family, (_, model_cls, _) in FAMILIES.items():
+        if isinstance(model, model_cls):
+            return family
+    raise TypeError(f"save_pretrained takes an attn_vision model, got {type(model).__name__}")
+
+
+def save_pretrained(model: nn.Module, directory: str | os.PathLike) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` to ``directory``; returns the folder.
+
+    Each file is replaced atomically. ``create_model(directory)`` loads it back exactly.
+    """
+    family = _family(model)
+    pretrained_cfg = dict(getattr(model, "pretrained_cfg", None) or _data_cfg(None, model.config))
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    hub.save_state_dict(model.state_dict(), directory / WEIGHTS_NAME, metadata={"format": "pt"})
+    config = {
+        "architecture": pretrained_cfg.get("architecture"),
+        "family": family,
+        "model_args": dataclasses.asdict(model.config),
+        "pretrained_cfg": pretrained_cfg,
+    }
+    hub.write_json(directory / CONFIG_NAME, config)
+    return directory
+
+
+def _tuples(d: dict[str, Any]) -> dict[str, Any]:
+    """JSON lists back to the tuples the configs and pretrained cfgs hold."""
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+
+
+def read_config(path: str | os.PathLike) -> dict[str, Any]:
+    """A save_pretrained ``config.json``, checked strictly (a ``CheckpointError`` names any
+    unknown or missing key, an unknown family or config field)."""
+    path = Path(path)
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise hub.CheckpointError(f"cannot read {path}: {e}") from None
+    if not isinstance(cfg, dict):
+        raise hub.CheckpointError(f"{path} must hold a JSON object, got {type(cfg).__name__}")
+    unknown = sorted(set(cfg) - set(CONFIG_KEYS))
+    missing = [k for k in CONFIG_KEYS if k not in cfg]
+    if unknown or missing:
+        raise hub.CheckpointError(
+            f"{path}: unknown key(s) {unknown}, missing key(s) {missing}; "
+            f"expected exactly {list(CONFIG_KEYS)}"
+        )
+    if cfg["family"] not in FAMILIES:
+        raise hub.CheckpointError(
+            f"{path}: unknown family {cfg['family']!r}; expected one of {sorted(FAMILIES)}"
+        )
+    if cfg["architecture"] is not None and not isinstance(cfg["architecture"], str):
+        raise hub.CheckpointError(f"{path}: architecture must be a string or null")
+    for key in ("model_args", "pretrained_cfg"):
+        if not isinstance(cfg[key], dict):
+            raise hub.CheckpointError(f"{path}: {key} must be a JSON object")
+    try:
+        _make_config(FAMILIES[cfg["family"]][0], _tuples(cfg["model_args"]))
+    except (TypeError, ValueError) as e:
+        raise hub.CheckpointError(f"{path}: model_args: {e}") from None
+    return cfg
+
+
+def _load_folder(
+    folder: Path, pretrained: bool | str | os.PathLike | None, overrides: dict[str, Any]
+) -> nn.Module:
+    if pretrained not in (None, True, False):
+        raise ValueError(
+            f"{folder} brings its own weights: pass pretrained=None (load them) or False "
+            f"(random init), not {pretrained!r}"
+        )
+    cfg = read_config(folder / CONFIG_NAME)
+    config_cls, model_cls, converter = FAMILIES[cfg["family"]]
+    config = _make_config(config_cls, {**_tuples(cfg["model_args"]), **overrides})
+    loading = pretrained is not False
+    model = model_cls(config, weight_init=not loading)
+    model.pretrained_cfg = _data_cfg(_tuples(cfg["pretrained_cfg"]), config)
+    if loading:
+        state_dict = converter(hub.read_folder(folder, (WEIGHTS_NAME,)), config)
+        hub.load_state_dict(model, state_dict, source=str(folder / WEIGHTS_NAME))
     return model
+
+
+# --- the generated table of timm's pretrained cfgs -------------------------------------
+def timm_pretrained_table() -> dict[str, Any]:
+    """The table of timm's pretrained cfgs for our presets, from the installed timm.
+
+    ``{"timm_version": ..., "architectures": {arch: {"default_tag": tag,
+    "tags": {tag: {field: value}}}}}`` with the :data:`TABLE_FIELDS` timm sets (not None).
+    Imports timm: only the generator and its test call it.
+    """
+    import timm
+    from timm.models import get_arch_pretrained_cfgs
+    from timm.models import get_pretrained_cfg as timm_pretrained_cfg
+
+    archs: dict[str, Any] = {}
+    for arch in sorted(n for n, spec in _MODELS.items() if spec.timm_weights):
+        cfgs = get_arch_pretrained_cfgs(arch)
+        if not cfgs:
+            raise RuntimeError(
+                f"timm {timm.__version__} has no pretrained cfgs for {arch!r}; "
+                "register it with timm_weights=False"
+            )
+        tags = {}
+        for cfg in cfgs.values():
+            values = {f: getattr(cfg, f) for f in TABLE_FIELDS}
+            tags[cfg.tag] = {f: v for f, v in values.items() if v is not None}
+        archs[arch] = {"default_tag": timm_pretrained_cfg(arch).tag, "tags": tags}
+    table = {"timm_version": timm.__version__, "architectures": archs}
+    return json.loads(json.dumps(table))  # JSON types: tuples -> lists
+
+
+def format_table(table: dict[str, Any]) -> str:
+    """The table as JSON text with one line per tag (small, diff-friendly)."""
+    lines = ["{", f'  "timm_version": {json.dumps(table["timm_version"])},', '  "architectures": {']
+    archs = list(table["architectures"].items())
+    for i, (arch, entry) in enumerate(archs):
+        lines += [
+            f"    {json.dumps(arch)}: {{",
+            f'      "default_tag": {json.dumps(entry["default_tag"])},',
+        ]
+        lines.append('      "tags": {')
+        tags = list(entry["tags"].items())
+        for j, (tag, cfg) in enumerate(tags):
+            comma = "," if j < len(tags) - 1 else ""
+            lines.append(f"        {json.dumps(tag)}: {json.dumps(cfg)}{comma}")
+        lines += ["      }", "    }" + ("," if i < len(archs) - 1 else "")]
+    lines += ["  }", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m attn_vision.registry --write-table``: regenerate the timm cfg table."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument(
+        "--write-table",
+        action="store_true",
+        help=f"write {TABLE_PATH.name} from the installed timm",
+    )
+    args = parser.parse_args(argv)
+    if not args.write_table:
+        parser.error("nothing to do (pass --write-table)")
+    table = timm_pretrained_table()
+    with hub.atomic_write(TABLE_PATH, "w") as f:
+        f.write(format_table(table))
+    n = sum(len(e["tags"]) for e in table["architectures"].values())
+    print(f"wrote {TABLE_PATH} ({len(table['architectures'])} architectures, {n} tags)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,30 +1,40 @@
-"""Evaluation preprocessing that reproduces timm's for each pretrained tag.
+"""Evaluation preprocessing that reproduces timm's for each pretrained tag, on PIL + torch.
 
 timm's eval pipeline for a model is: resize the shorter side to
 ``floor(input_size / crop_pct)`` with the tag's interpolation, center-crop
 ``input_size``, convert to a ``[0, 1]`` float tensor, normalise with the tag's
-mean / std. :func:`create_transform` builds the same thing from torchvision pieces,
-reading the settings from ``model.pretrained_cfg`` (set by ``create_model``) exactly as
-``timm.data.resolve_data_config`` does.
+mean / std. :func:`create_transform` does the same steps with PIL and torch, with
+torchvision's arithmetic (output sizes, crop offsets, padding), so the tensors equal
+``timm.data.create_transform(**resolve_data_config(model=...))``'s exactly -- without
+importing torchvision. Settings come from ``model.pretrained_cfg`` (set by
+``create_model``), resolved as ``timm.data.resolve_data_config`` does.
 """
 
 from __future__ import annotations
 
 import math
+import sys
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 from torch import nn
-from torchvision import transforms
-from torchvision.transforms import InterpolationMode
-from torchvision.transforms import functional as TF
 
-__all__ = ["ResizeKeepRatio", "create_transform", "resolve_data_config"]
-
+__all__ = ["EvalTransform", "create_transform", "resolve_data_config"]
 IMAGENET_DEFAULT_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_DEFAULT_STD = (0.229, 0.224, 0.225)
 DEFAULT_CROP_PCT = 0.875
+# timm's interpolation names -> PIL filters (torchvision's mapping for PIL images)
+PIL_INTERPOLATION = {
+    "nearest": Image.Resampling.NEAREST,
+    "bilinear": Image.Resampling.BILINEAR,
+    "bicubic": Image.Resampling.BICUBIC,
+    "box": Image.Resampling.BOX,
+    "hamming": Image.Resampling.HAMMING,
+    "lanczos": Image.Resampling.LANCZOS,
+}
 
 
 def resolve_data_config(
@@ -60,44 +70,92 @@ def resolve_data_config(
     return data
 
 
-class ResizeKeepRatio(nn.Module):
-    """Resize so the image covers ``size`` (h, w) with its aspect ratio kept (timm's rounding)."""
+class EvalTransform:
+    """PIL image -> normalised ``(C, H, W)`` float tensor: resize, center crop, scale, normalise.
 
-    def __init__(self, size: tuple[int, int], interpolation: InterpolationMode) -> None:
-        super().__init__()
-        self.size, self.interpolation = tuple(size), interpolation
+    ``crop_mode="center"`` scales the shorter side to ``floor(size / crop_pct)`` (aspect
+    ratio kept), ``"squash"`` scales both sides to it; then the center ``input_size`` crop.
+    """
 
-    def forward(self, img: Image.Image | torch.Tensor) -> Image.Image | torch.Tensor:
-        img_h, img_w = TF.get_dimensions(img)[1:]
-        ratio = min(img_h / self.size[0], img_w / self.size[1])
-        return TF.resize(img, [round(img_h / ratio), round(img_w / ratio)], self.interpolation)
+    def __init__(
+        self,
+        input_size: Sequence[int],
+        interpolation: str = "bicubic",
+        crop_pct: float = DEFAULT_CROP_PCT,
+        crop_mode: str = "center",
+        mean: Sequence[float] = IMAGENET_DEFAULT_MEAN,
+        std: Sequence[float] = IMAGENET_DEFAULT_STD,
+    ) -> None:
+        if interpolation not in PIL_INTERPOLATION:
+            raise ValueError(
+                f"interpolation must be one of {sorted(PIL_INTERPOLATION)}, got {interpolation!r}"
+            )
+        if crop_mode not in ("center", "squash"):
+            raise ValueError(f"crop_mode must be 'center' or 'squash', got {crop_mode!r}")
+        self.size = (int(input_size[-2]), int(input_size[-1]))
+        self.interpolation, self.crop_pct, self.crop_mode = interpolation, crop_pct, crop_mode
+        self.mean, self.std = tuple(mean), tuple(std)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(size={self.size}, interpolation={self.interpolation!r}, "
+            f"crop_pct={self.crop_pct}, crop_mode={self.crop_mode!r}, mean={self.mean}, "
+            f"std={self.std})"
+        )
+
+    def __call__(self, img: Image.Image) -> torch.Tensor:
+        if not isinstance(img, Image.Image):
+            raise TypeError(f"expected a PIL image, got {type(img).__name__}")
+        h, w = self.size
+        scale_h, scale_w = math.floor(h / self.crop_pct), math.floor(w / self.crop_pct)
+        if self.crop_mode == "squash":
+            new_h, new_w = scale_h, scale_w
+        elif scale_h == scale_w:  # shorter side -> scale (torchvision's Resize(int))
+            short, long = sorted((img.height, img.width))
+            new_short, new_long = scale_h, int(scale_h * long / short)
+            new_h, new_w = (
+                (new_long, new_short) if img.width <= img.height else (new_short, new_long)
+            )
+        else:  # cover (scale_h, scale_w) with the aspect ratio kept (timm's ResizeKeepRatio)
+            ratio = min(img.height / scale_h, img.width / scale_w)
+            new_h, new_w = round(img.height / ratio), round(img.width / ratio)
+        if (new_h, new_w) != (img.height, img.width):
+            img = img.resize((new_w, new_h), PIL_INTERPOLATION[self.interpolation])
+        x = _to_tensor(_center_crop(img, h, w))
+        mean = torch.as_tensor(self.mean, dtype=x.dtype).view(-1, 1, 1)
+        std = torch.as_tensor(self.std, dtype=x.dtype).view(-1, 1, 1)
+        return x.sub_(mean).div_(std)
+
+
+def _center_crop(img: Image.Image, h: int, w: int) -> Image.Image:
+    """torchvision's ``center_crop``: zero-pad when smaller, then the rounded center box."""
+    if h > img.height or w > img.width:
+        dw, dh = max(w - img.width, 0), max(h - img.height, 0)
+        img = ImageOps.expand(img, border=(dw // 2, dh // 2, (dw + 1) // 2, (dh + 1) // 2), fill=0)
+        if (img.height, img.width) == (h, w):
+            return img
+    top = int(round((img.height - h) / 2.0))
+    left = int(round((img.width - w) / 2.0))
+    return img.crop((left, top, left + w, top + h))
+
+
+def _to_tensor(img: Image.Image) -> torch.Tensor:
+    """torchvision's ``to_tensor``: ``(C, H, W)``, 8-bit images scaled to ``[0, 1]``."""
+    little = sys.byteorder == "little"
+    dtypes = {"I": np.int32, "I;16" if little else "I;16B": np.int16, "F": np.float32}
+    x = torch.from_numpy(np.array(img, dtypes.get(img.mode, np.uint8), copy=True))
+    if img.mode == "1":
+        x = 255 * x
+    x = x.view(img.height, img.width, len(img.getbands())).permute(2, 0, 1).contiguous()
+    return x.to(torch.get_default_dtype()).div(255) if x.dtype == torch.uint8 else x
 
 
 def create_transform(
     model_or_cfg: nn.Module | dict[str, Any] | str, **overrides: Any
-) -> transforms.Compose:
+) -> EvalTransform:
     """timm's eval transform for a model: PIL image -> normalised ``(C, H, W)`` float tensor.
 
     ``overrides`` (``crop_pct=1.0``, ``interpolation="bilinear"``, ...) replace entries of
     the resolved data config (:func:`resolve_data_config`).
     """
-    cfg = resolve_data_config(model_or_cfg, **overrides)
-    h, w = cfg["input_size"][1:]
-    crop_pct = cfg["crop_pct"]
-    interpolation = InterpolationMode(cfg["interpolation"])
-    scale = (math.floor(h / crop_pct), math.floor(w / crop_pct))
-    if cfg["crop_mode"] == "squash":  # both edges scaled (aspect ratio not kept), then cropped
-        steps = [transforms.Resize(scale, interpolation=interpolation)]
-    elif cfg["crop_mode"] == "center":  # shorter edge scaled, aspect ratio kept
-        if scale[0] == scale[1]:
-            steps = [transforms.Resize(scale[0], interpolation=interpolation)]
-        else:
-            steps = [ResizeKeepRatio(scale, interpolation)]
-    else:
-        raise ValueError(f"crop_mode must be 'center' or 'squash', got {cfg['crop_mode']!r}")
-    steps += [
-        transforms.CenterCrop((h, w)),
-        transforms.ToTensor(),
-        transforms.Normalize(mean=cfg["mean"], std=cfg["std"]),
-    ]
-    return transforms.Compose(steps)
+    return EvalTransform(**resolve_data_config(model_or_cfg, **overrides))
