@@ -213,7 +213,7 @@ def _torch_load(path: Path) -> StateDict:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         # torch's message suggests weights_only=False; ours names only what was refused
-        refused = next((ln.strip() for ln in str(e).splitlines() if "Unsupported" in ln), "")
+        refused = next((ln.strip() for ln in str(e).splitlines() if "Unsupported global" in ln), "")
         refused = refused.split(" was not an allowed global")[0].split("error: ")[-1]
         if not refused:  # not a refusal: a corrupt or foreign file
             raise CheckpointError(
@@ -230,8 +230,7 @@ def _torch_load(path: Path) -> StateDict:
         if "weights_only" in detail:  # torch's advice to unpickle anyway: not ours to give
             detail = "not a plain file of tensors"
         raise CheckpointError(
-            f"cannot read {path}: not a checkpoint or a corrupt file "
-            f"({type(e).__name__}: {detail})"
+            f"cannot read {path}: not a checkpoint or a corrupt file ({type(e).__name__}: {detail})"
         ) from None
     return _unwrap(obj, path)
 
