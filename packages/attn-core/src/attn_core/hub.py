@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -213,8 +214,8 @@ def _torch_load(path: Path) -> StateDict:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         # torch's message suggests weights_only=False; ours names only what was refused
-        refused = next((ln.strip() for ln in str(e).splitlines() if "Unsupported global" in ln), "")
-        refused = refused.split(" was not an allowed global")[0].split("error: ")[-1]
+        found = re.search(r"GLOBAL (\S+?)[:,.]?(\s|$)", str(e))
+        refused = f"global {found.group(1)}" if found else ""
         if not refused:  # not a refusal: a corrupt or foreign file
             raise CheckpointError(
                 f"cannot read {path}: not a checkpoint or a corrupt file (not a pickle of "
