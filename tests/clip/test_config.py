@@ -10,7 +10,7 @@ from attn_clip import CLIPConfig, CLIPTextConfig, CLIPVisionConfig, list_models
 
 
 def test_every_listed_open_clip_config_round_trips():
-    for name in list_models():
+    for name in [n for n in list_models() if n in open_clip.list_models()]:
         cfg = CLIPConfig.from_open_clip(open_clip.get_model_config(name))
         assert CLIPConfig.from_open_clip(cfg.to_open_clip()) == cfg
         assert CLIPConfig.from_dict(cfg.to_dict()) == cfg

@@ -7,8 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import open_clip
-import open_clip.factory as oc_factory
-import open_clip.pretrained as oc_pretrained
 import pytest
 import torch
 from attn_clip import (
@@ -39,23 +37,22 @@ def _fake_hub_cache():
 
 @pytest.fixture
 def tiny_registry(h, monkeypatch, tmp_path):
-    """Register a tiny architecture + tag in open_clip's registry and its weights in a
-    fake hub cache, so create_model(NAME, pretrained=TAG) runs the real lookup path offline."""
-    cfg = h.oc_cfg(quick_gelu=False)
-    monkeypatch.setitem(oc_factory._MODEL_CONFIGS, NAME, cfg)
+    """Register a tiny architecture + tag in attn_clip's copy of open_clip's registry and its
+    weights in a fake hub cache, so create_model(NAME, pretrained=TAG) runs the real lookup
+    path offline."""
+    table = registry_module._table()
+    monkeypatch.setitem(table["models"], NAME, h.oc_cfg(quick_gelu=False))
     tag_cfg = {
         "hf_hub": f"{REPO}/", "url": "", "quick_gelu": True, "mean": (0.5, 0.5, 0.5),
         "std": (0.5, 0.5, 0.5), "interpolation": "bilinear", "resize_mode": "squash",
     }  # fmt: skip
-    monkeypatch.setitem(oc_pretrained._PRETRAINED, NAME, {TAG: tag_cfg})
-    registry_module._supported_names.cache_clear()
+    monkeypatch.setitem(table["pretrained"], NAME, {TAG: tag_cfg})
     ref = h.make_open_clip(h.oc_cfg(quick_gelu=True))  # trained "with QuickGELU"
     sd = {k: v.contiguous() for k, v in ref.state_dict().items()}
     path = tmp_path / "weights.safetensors"
     save_file(sd, str(path))
     _fake_hub_cache()(tmp_path / "hub", REPO, {"open_clip_model.safetensors": path.read_bytes()})
     yield ref, tmp_path / "hub"
-    registry_module._supported_names.cache_clear()
 
 
 def test_create_from_tag_offline_cache(tiny_registry, tiny_images, tiny_tokens):

@@ -1,14 +1,27 @@
-"""Registry: names and tags come from open_clip and resolve to the files it downloads."""
+"""Registry: names and tags are open_clip's (from the shipped table, which must equal what
+the installed open_clip gives) and resolve to the files it downloads."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import open_clip
 import open_clip.pretrained as oc_pretrained
 import pytest
-from attn_clip import get_model_config, get_pretrained_cfg, list_models, list_pretrained
+from attn_clip import get_model_config, get_pretrained_cfg, list_models, list_pretrained, registry
 from attn_clip.registry import list_pretrained_tags
+
+
+def test_shipped_tables_equal_the_installed_open_clip():
+    folder = registry.TABLE_FILE.parent
+    for name, content in registry.build_tables().items():
+        shipped = json.loads((folder / name).read_text(encoding="utf-8"))
+        assert shipped == content, (
+            f"{name} is out of date with open_clip {open_clip.__version__} "
+            "(rebuild it: uv run python -m attn_clip.registry --write)"
+        )
+    assert registry.main(["--check"]) == 0
 
 
 def test_list_models_has_the_vit_clips_and_only_them():
@@ -16,17 +29,44 @@ def test_list_models_has_the_vit_clips_and_only_them():
     required = {"ViT-B-32", "ViT-B-16", "ViT-L-14", "ViT-H-14", "ViT-bigG-14", "ViT-L-14-336"}
     required |= {f"{n}-quickgelu" for n in ("ViT-B-32", "ViT-B-16", "ViT-L-14", "ViT-H-14")}
     assert required <= names
-    assert names <= set(open_clip.list_models())
+    assert names - {"demo-shapes"} <= set(open_clip.list_models())
     for excluded in ("RN50", "coca_ViT-B-32", "ViT-B-16-SigLIP", "EVA02-B-16", "convnext_base"):
         assert excluded not in names
     assert get_model_config("ViT-B-32-quickgelu").quick_gelu
     assert not get_model_config("ViT-B-32").quick_gelu
 
 
+def test_model_configs_are_open_clips():
+    from attn_clip import CLIPConfig
+
+    for name in list_models():
+        if name != "demo-shapes":
+            ref = CLIPConfig.from_open_clip(open_clip.get_model_config(name))
+            assert get_model_config(name) == ref, name
+
+
+def test_list_models_pattern_and_pretrained():
+    assert list_models()[-1] == "demo-shapes"  # bundled models always come along, last
+    assert list_models("ViT-B-32*") == [n for n in list_models() if n.startswith("ViT-B-32")]
+    assert list_models("demo-*") == ["demo-shapes"]
+    assert list_models("nothing-like-this*") == []
+    tagged = list_models(pretrained=True)
+    assert tagged == [*list_pretrained(as_str=True), "demo-shapes:shapes"]
+    assert "ViT-B-32:openai" in list_models("ViT-B-32", pretrained=True)
+    assert set(list_models("ViT-B-32", pretrained=True)) == {
+        f"ViT-B-32:{t}" for t in list_pretrained_tags("ViT-B-32")
+    }
+    openai = list_models("*:openai", pretrained=True)
+    assert openai and all(t.endswith(":openai") for t in openai)
+    assert list_models("demo-shapes", pretrained=True) == ["demo-shapes:shapes"]
+
+
 def test_every_tag_resolves_to_the_file_open_clip_downloads():
     pairs = list_pretrained()
     assert ("ViT-B-32", "laion2b_s34b_b79k") in pairs and ("ViT-L-14", "openai") in pairs
     assert "ViT-B-32:openai" in list_pretrained(as_str=True)
+    names = set(list_models())
+    assert pairs == [(m, t) for m, t in oc_pretrained.list_pretrained() if m in names]
     for name, tag in pairs:
         src = get_pretrained_cfg(name, tag)
         cfg = oc_pretrained.get_pretrained_cfg(name, tag)
@@ -35,6 +75,7 @@ def test_every_tag_resolves_to_the_file_open_clip_downloads():
         assert src.hf_hub_id == repo
         assert list(src.filenames) == [*oc_pretrained._get_safe_alternatives(filename), filename]
         assert src.quick_gelu == cfg.get("quick_gelu", False)
+        assert src.url == cfg["url"]
         pre = src.preprocess
         assert (pre.mean, pre.std) == (tuple(cfg["mean"]), tuple(cfg["std"]))
         assert (pre.interpolation, pre.resize_mode) == (cfg["interpolation"], cfg["resize_mode"])
@@ -46,10 +87,12 @@ def test_known_examples():
     assert src.hf_hub_id == "laion/CLIP-ViT-B-32-laion2B-s34B-b79K"
     assert src.filenames == ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
     assert not src.quick_gelu
+    assert get_pretrained_cfg("ViT-B-32", "LAION2B-s34b-b79k").hf_hub_id == src.hf_hub_id
     openai = get_pretrained_cfg("ViT-B-16", "openai")
     assert openai.quick_gelu and openai.hf_hub_id == "timm/vit_base_patch16_clip_224.openai"
     assert get_pretrained_cfg("ViT-L-14-CLIPA", "datacomp1b").preprocess.resize_mode == "squash"
     assert "datacomp_xl_s13b_b90k" in list_pretrained_tags("ViT-B-16")
+    assert list_pretrained_tags("RN50") == [] and list_pretrained_tags("nope") == []
 
 
 def test_clear_errors():
@@ -57,5 +100,9 @@ def test_clear_errors():
         get_model_config("ViT-B-33")
     with pytest.raises(ValueError, match="RN50.*cannot be built.*ResNet"):
         get_model_config("RN50")
+    with pytest.raises(ValueError, match="coca_ViT-B-32.*cannot be built.*multimodal_cfg"):
+        get_model_config("coca_ViT-B-32")
     with pytest.raises(ValueError, match="unknown pretrained tag 'nope'.*laion2b_s34b_b79k"):
         get_pretrained_cfg("ViT-B-32", "nope")
+    with pytest.raises(ValueError, match="unknown pretrained tag 'x'.*shapes"):
+        get_pretrained_cfg("demo-shapes", "x")

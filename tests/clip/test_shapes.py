@@ -157,8 +157,8 @@ def test_demo_shapes_is_registered_with_bundled_weights():
     import attn_clip
     from attn_clip.registry import BUNDLED_MODELS, default_pretrained_tag
 
-    assert "demo-shapes" not in attn_clip.list_models()  # open_clip's names only ...
-    assert "demo-shapes" in attn_clip.list_models(include_bundled=True)  # ... unless asked
+    assert "demo-shapes" in attn_clip.list_models()  # bundled models are always listed
+    assert "demo-shapes:shapes" in attn_clip.list_models(pretrained=True)
     cfg = attn_clip.get_model_config("demo-shapes")
     assert (cfg.vision.image_size, cfg.vision.patch_size) == (32, 8)
     assert default_pretrained_tag("demo-shapes") == "shapes"
@@ -182,8 +182,9 @@ def test_demo_shapes_loads_offline_and_names_unseen_pairs(monkeypatch):
     def no_network(*args, **kwargs):
         raise AssertionError("the bundled model must not touch the hub")
 
-    monkeypatch.setattr(attn_clip.factory, "download_pretrained", no_network)
-    monkeypatch.setattr(attn_clip.factory, "resolve_source", no_network)
+    from attn_core import hub
+
+    monkeypatch.setattr(hub, "download", no_network)
     model, preprocess, tokenizer = attn_clip.create_model_and_transforms(
         "demo-shapes", pretrained=True
     )

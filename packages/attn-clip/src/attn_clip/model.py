@@ -52,6 +52,18 @@ class CLIP(nn.Module):
             self.logit_bias = None
         self.preprocess_cfg = PreprocessConfig(size=config.vision.image_size)
 
+    def to_empty(self, *, device: str | torch.device | None, recurse: bool = True) -> CLIP:
+        """``nn.Module.to_empty``: uninitialized storage on ``device`` for every tensor.
+
+        Allocates with ``torch.empty`` rather than torch's ``empty_like``, whose meta-tensor
+        path imports sympy (~0.6 s) the first time a model built on ``meta`` is moved.
+        """
+
+        def empty(t: torch.Tensor) -> torch.Tensor:
+            return torch.empty(t.shape, dtype=t.dtype, device=device)
+
+        return self._apply(empty, recurse=recurse)
+
     @property
     def context_length(self) -> int:
         return self.config.text.context_length

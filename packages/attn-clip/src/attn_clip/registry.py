@@ -1,33 +1,48 @@
-"""Model names and pretrained tags, read from open_clip's own registry.
+"""Model names and pretrained tags: open_clip's registry, as a table shipped with attn_clip.
 
 ``list_models()`` is every open_clip architecture attn_clip can build (the ViT CLIPs:
 ``ViT-B-32``, ``ViT-B-16``, ``ViT-L-14``, ``ViT-H-14``, ``ViT-bigG-14``, the
-``-quickgelu`` variants, ...); ``list_pretrained()`` their ``(name, tag)`` pairs;
-``get_pretrained_cfg(name, tag)`` says where open_clip would download the weights from
-and how images must be preprocessed for them.
+``-quickgelu`` variants, ...) plus attn_clip's bundled models; ``list_pretrained()`` the
+open_clip ``(name, tag)`` pairs; ``get_pretrained_cfg(name, tag)`` says where open_clip
+would download the weights from and how images must be preprocessed for them.
+
+The names, model configs and pretrained locations are read from ``open_clip_registry.json``
+next to this file, so none of this imports open_clip (which takes seconds). That file,
+and ``imagenet_zero_shot.json`` (OpenAI's ImageNet class names and prompt templates, for
+:mod:`attn_clip.zero_shot`), are generated from the installed open_clip::
+
+    uv run python -m attn_clip.registry --write   # rebuild both files
+    uv run python -m attn_clip.registry --check   # exit 1 if they differ from open_clip's
+
+(``tests/clip/test_registry.py`` runs the check, so an open_clip upgrade that changes
+them, or a config feature attn_clip learns, fails until the files are rebuilt.)
 
 attn_clip also has *bundled* models of its own, whose weights ship inside the package
 (no network): ``demo-shapes``, a small CLIP trained by ``scripts/train_clip.py`` on the
 generated shapes of :mod:`attn_clip.shapes` (tag ``shapes``, the default for
-``pretrained=True``). ``list_models(include_bundled=True)`` lists them too.
+``pretrained=True``).
 """
 
 from __future__ import annotations
 
+import argparse
+import copy
 import difflib
+import fnmatch
 import functools
+import json
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-import open_clip
-import open_clip.pretrained as oc_pretrained
-
-from .config import CLIPConfig, PreprocessConfig
+from .config import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD, CLIPConfig, PreprocessConfig
 
 __all__ = [
     "BUNDLED_MODELS",
     "PretrainedSource",
+    "build_tables",
     "default_pretrained_tag",
     "get_model_config",
     "get_pretrained_cfg",
@@ -103,49 +118,69 @@ def _safe_alternatives(filename: str) -> list[str]:
     return []
 
 
-def _supported(name: str) -> CLIPConfig | None:
-    cfg = open_clip.get_model_config(name)
-    if cfg is None:
-        return None
-    try:
-        return CLIPConfig.from_open_clip(cfg)
-    except (ValueError, TypeError, KeyError):
-        return None
+TABLE_FILE = Path(__file__).with_name("open_clip_registry.json")
+ZERO_SHOT_FILE = Path(__file__).with_name("imagenet_zero_shot.json")
+# The pretrained-config fields attn_clip uses, with open_clip's defaults (its ``_pcfg``).
+PRETRAINED_FIELDS: dict[str, Any] = {
+    "hf_hub": "",
+    "url": "",
+    "quick_gelu": False,
+    "mean": list(OPENAI_DATASET_MEAN),
+    "std": list(OPENAI_DATASET_STD),
+    "interpolation": "bicubic",
+    "resize_mode": "shortest",
+}
 
 
 @functools.cache
-def _supported_names() -> tuple[str, ...]:
-    return tuple(n for n in open_clip.list_models() if _supported(n) is not None)
+def _table() -> dict[str, Any]:
+    """The shipped copy of open_clip's registry (``models``, ``unsupported``, ``pretrained``)."""
+    with open(TABLE_FILE, encoding="utf-8") as f:
+        return json.load(f)
 
 
-def list_models(include_bundled: bool = False) -> list[str]:
-    """open_clip architecture names attn_clip can build (ViT towers, BPE-style text tower).
+def _clean_tag(tag: str) -> str:
+    """open_clip's tag normalization: ``"LAION2B-s34b"`` -> ``"laion2b_s34b"``."""
+    return tag.lower().replace("-", "_")
 
-    ``include_bundled=True`` adds attn_clip's own models (``demo-shapes``) at the end.
+
+def _matches(pattern: str | None, *names: str) -> bool:
+    return pattern is None or any(fnmatch.fnmatchcase(n, pattern) for n in names)
+
+
+def list_models(pattern: str | None = None, pretrained: bool = False) -> list[str]:
+    """Names attn_clip can build: open_clip's ViT CLIPs, then the bundled models.
+
+    ``pattern`` is a glob on the names (``"ViT-B-*"``). ``pretrained=True`` lists
+    ``"name:tag"`` for every pretrained checkpoint instead (bundled ones included); there
+    the pattern may match the name (``"ViT-B-32"``) or the whole string (``"*:openai"``).
     """
-    names = list(_supported_names())
-    return names + list(BUNDLED_MODELS) if include_bundled else names
+    if not pretrained:
+        return [n for n in [*_table()["models"], *BUNDLED_MODELS] if _matches(pattern, n)]
+    bundled = [(n, t) for n, b in BUNDLED_MODELS.items() for t in b.weights]
+    pairs = [*list_pretrained(), *bundled]
+    return [f"{n}:{t}" for n, t in pairs if _matches(pattern, n, f"{n}:{t}")]
 
 
 def get_model_config(name: str) -> CLIPConfig:
     """The :class:`CLIPConfig` of an open_clip architecture name; clear error if unknown."""
     if name in BUNDLED_MODELS:
         return CLIPConfig.from_open_clip(BUNDLED_MODELS[name].config)
-    cfg = open_clip.get_model_config(name)
-    if cfg is None:
-        close = difflib.get_close_matches(name, list_models(include_bundled=True), n=5)
-        hint = f"; did you mean {close}?" if close else "; see attn_clip.list_models()"
-        raise ValueError(f"unknown model {name!r}{hint}")
-    try:
-        return CLIPConfig.from_open_clip(cfg)
-    except ValueError as e:
-        raise ValueError(f"model {name!r} cannot be built by attn_clip: {e}") from None
+    table = _table()
+    if name in table["models"]:
+        return CLIPConfig.from_open_clip(copy.deepcopy(table["models"][name]))
+    if name in table["unsupported"]:
+        raise ValueError(
+            f"model {name!r} cannot be built by attn_clip: {table['unsupported'][name]}"
+        )
+    close = difflib.get_close_matches(name, list_models(), n=5)
+    hint = f"; did you mean {close}?" if close else "; see attn_clip.list_models()"
+    raise ValueError(f"unknown model {name!r}{hint}")
 
 
 def list_pretrained(as_str: bool = False) -> list[tuple[str, str]] | list[str]:
-    """``(name, tag)`` pairs (or ``"name:tag"`` strings) of every buildable pretrained model."""
-    names = set(_supported_names())
-    pairs = [(m, t) for m, t in open_clip.list_pretrained() if m in names]
+    """``(name, tag)`` pairs (or ``"name:tag"`` strings) of every buildable open_clip model."""
+    pairs = [(m, t) for m, tags in _table()["pretrained"].items() for t in tags]
     return [f"{m}:{t}" for m, t in pairs] if as_str else pairs
 
 
@@ -153,7 +188,7 @@ def list_pretrained_tags(name: str) -> list[str]:
     """The pretrained tags of one architecture (empty if it has none)."""
     if name in BUNDLED_MODELS:
         return list(BUNDLED_MODELS[name].weights)
-    return [t for m, t in list_pretrained() if m == name]
+    return list(_table()["pretrained"].get(name, {}))
 
 
 def default_pretrained_tag(name: str) -> str | None:
@@ -182,31 +217,121 @@ def get_pretrained_cfg(name: str, tag: str) -> PretrainedSource:
             preprocess=bundled.preprocess,
             file=str(WEIGHTS_DIR / filename),
         )
-    cfg = oc_pretrained.get_pretrained_cfg(name, tag)
-    if not cfg:
+    cfg = _table()["pretrained"].get(name, {}).get(_clean_tag(tag))
+    if cfg is None:
         tags = list_pretrained_tags(name)
         raise ValueError(
             f"unknown pretrained tag {tag!r} for {name!r}; known tags: {tags or 'none'} "
             "(or pass pretrained=<path to a checkpoint file>)"
         )
-    hub = cfg.get("hf_hub", "")
-    if not hub:
-        raise ValueError(f"{name}:{tag} has no Hugging Face hub location (url: {cfg.get('url')})")
-    repo_id, filename = os.path.split(hub)  # "org/repo/" -> ("org/repo", "")
+    if not cfg["hf_hub"]:
+        raise ValueError(f"{name}:{tag} has no Hugging Face hub location (url: {cfg['url']})")
+    repo_id, filename = os.path.split(cfg["hf_hub"])  # "org/repo/" -> ("org/repo", "")
     filename = filename or HF_WEIGHTS_NAME
-    image_size = get_model_config(name).vision.image_size
     return PretrainedSource(
         model=name,
         tag=tag,
         hf_hub_id=repo_id,
         filenames=(*_safe_alternatives(filename), filename),
-        url=cfg.get("url", ""),
-        quick_gelu=bool(cfg.get("quick_gelu", False)),
+        url=cfg["url"],
+        quick_gelu=cfg["quick_gelu"],
         preprocess=PreprocessConfig(
-            size=image_size,
-            mean=cfg.get("mean", PreprocessConfig.mean),
-            std=cfg.get("std", PreprocessConfig.std),
-            interpolation=cfg.get("interpolation", "bicubic"),
-            resize_mode=cfg.get("resize_mode", "shortest"),
+            size=get_model_config(name).vision.image_size,
+            mean=cfg["mean"],
+            std=cfg["std"],
+            interpolation=cfg["interpolation"],
+            resize_mode=cfg["resize_mode"],
         ),
     )
+
+
+# -- generating the shipped tables from the installed open_clip ---------------------------
+
+
+def build_tables() -> dict[str, dict[str, Any]]:
+    """The shipped tables, computed from the installed open_clip: ``{file name: content}``.
+
+    Imports open_clip. A model goes into ``models`` when :meth:`CLIPConfig.from_open_clip`
+    accepts its config, else into ``unsupported`` with the reason; ``pretrained`` keeps
+    the tags of the buildable models only, with the fields in ``PRETRAINED_FIELDS``.
+    """
+    import open_clip
+    import open_clip.pretrained as oc_pretrained
+    from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES, OPENAI_IMAGENET_TEMPLATES
+
+    models: dict[str, Any] = {}
+    unsupported: dict[str, str] = {}
+    for name in open_clip.list_models():
+        cfg = open_clip.get_model_config(name)
+        try:
+            CLIPConfig.from_open_clip(copy.deepcopy(cfg))
+        except (ValueError, TypeError, KeyError) as e:
+            unsupported[name] = str(e)
+        else:
+            models[name] = cfg
+    pretrained: dict[str, dict[str, Any]] = {}
+    for name, tag in oc_pretrained.list_pretrained():
+        if name in models:
+            cfg = oc_pretrained.get_pretrained_cfg(name, tag)
+            entry = {k: cfg.get(k, default) for k, default in PRETRAINED_FIELDS.items()}
+            pretrained.setdefault(name, {})[tag] = entry
+
+    # the templates are lambdas there; as format strings they give the same prompts
+    templates = [t("{}") for t in OPENAI_IMAGENET_TEMPLATES]
+    for t, fmt in zip(OPENAI_IMAGENET_TEMPLATES, templates, strict=True):
+        if any(t(c) != fmt.format(c) for c in IMAGENET_CLASSNAMES):
+            raise ValueError(f"template {fmt!r} is not a plain format string")
+    tables = {
+        TABLE_FILE.name: {
+            "open_clip_version": open_clip.__version__,
+            "models": models,
+            "unsupported": unsupported,
+            "pretrained": pretrained,
+        },
+        ZERO_SHOT_FILE.name: {
+            "open_clip_version": open_clip.__version__,
+            "imagenet_classnames": list(IMAGENET_CLASSNAMES),
+            "openai_imagenet_templates": templates,
+        },
+    }
+    return json.loads(json.dumps(tables))  # tuples -> lists: exactly what a reload gives
+
+
+def _dumps(content: dict[str, Any]) -> str:
+    return json.dumps(content, indent=1, ensure_ascii=False) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m attn_clip.registry --write | --check``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m attn_clip.registry",
+        description="Rebuild (--write) or verify (--check) attn_clip's copies of open_clip's "
+        "registry and zero-shot tables from the installed open_clip.",
+    )
+    action = parser.add_mutually_exclusive_group(required=True)
+    action.add_argument("--write", action="store_true", help="rewrite the shipped JSON files")
+    action.add_argument("--check", action="store_true", help="exit 1 if they are out of date")
+    args = parser.parse_args(argv)
+    folder = TABLE_FILE.parent
+    stale = []
+    for name, content in build_tables().items():
+        path = folder / name
+        text = _dumps(content)
+        if path.is_file() and path.read_text(encoding="utf-8") == text:
+            continue
+        stale.append(name)
+        if args.write:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, path)
+            print(f"wrote {path}")
+    if args.check and stale:
+        print(f"out of date: {', '.join(stale)} (run: python -m attn_clip.registry --write)")
+        return 1
+    if not stale:
+        print("up to date")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -149,7 +149,14 @@ class TextTransformer(nn.Module):
         self.grad_checkpointing = False
         self.fast_inference = True  # oneDNN blocks, length groups (see the module docstring)
         norm_layer = partial(nn.LayerNorm, eps=c.norm_eps)
-        self.token_embedding = nn.Embedding(c.vocab_size, c.width)  # (V, D)
+        # Built on the meta device (weights about to be loaded) the random init is skipped:
+        # there is nothing to initialize, and a meta normal_ would import torch._dynamo.
+        init = torch.get_default_device().type != "meta"
+        if init:
+            self.token_embedding = nn.Embedding(c.vocab_size, c.width)  # (V, D)
+        else:
+            empty = torch.empty(c.vocab_size, c.width)
+            self.token_embedding = nn.Embedding.from_pretrained(empty, freeze=False)
         self.positional_embedding = nn.Parameter(torch.empty(c.context_length, c.width))
         self.blocks = nn.ModuleList(
             TransformerBlock(
@@ -166,7 +173,8 @@ class TextTransformer(nn.Module):
         self.proj = (
             nn.Linear(c.width, embed_dim, bias=c.proj_bias) if c.proj_type == "linear" else None
         )
-        self.init_weights()
+        if init:
+            self.init_weights()
 
     @torch.no_grad()
     def init_weights(self) -> None:

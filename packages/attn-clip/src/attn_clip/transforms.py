@@ -1,4 +1,4 @@
-"""Image preprocessing: PIL image -> normalized ``(3, H, W)`` float tensor.
+"""Image preprocessing: PIL image -> normalized ``(3, H, W)`` float tensor (PIL + torch only).
 
 Inference (``is_train=False``) reproduces open_clip's ``image_transform`` for the three
 resize modes that come with the pretrained weights:
@@ -7,82 +7,153 @@ resize modes that come with the pretrained weights:
 * ``longest``  -- resize the longer side to the target, then center pad with ``fill_color``;
 * ``squash``   -- resize to the target, ignoring the aspect ratio (SigLIP, CLIPA).
 
-Training uses ``RandomResizedCrop(scale=(0.9, 1.0))`` as open_clip does by default.
+then RGB, ``[0, 1]`` floats and ``(x - mean) / std``. open_clip runs torchvision's
+transforms on PIL images, and those call PIL's own ``Image.resize`` / ``crop`` /
+``ImageOps.expand``; the same calls here give the same pixels without importing
+torchvision. The image keeps its mode until after the crop, as there (an RGBA image is
+resized with premultiplied alpha, a palette image with nearest-neighbour, as PIL does).
+One deliberate difference: for a non-square target with ``shortest``, open_clip always
+resizes bicubic; here ``interpolation`` is honoured there too.
+
+Training uses a random resized crop (``scale=(0.9, 1.0)``) as open_clip does by default,
+drawing the same random numbers as torchvision's ``RandomResizedCrop``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
+import numpy as np
 import torch
-import torchvision.transforms.functional as TF
 from attn_vision.patch_embed import to_2tuple
-from PIL import Image
-from torchvision import transforms as T
+from PIL import Image, ImageOps
 
 from .config import PreprocessConfig
 
 __all__ = ["image_transform"]
 
-_MODES = {"bicubic": T.InterpolationMode.BICUBIC, "bilinear": T.InterpolationMode.BILINEAR}
+_RESAMPLE = {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resampling.BILINEAR}
+Size = tuple[int, int]  # (height, width)
 
 
-class _ResizeKeepRatio:
-    """Scale so the ``longest`` (or shortest) side matches the target, keeping the aspect."""
-
-    def __init__(self, size: tuple[int, int], interpolation, longest: bool) -> None:
-        self.size, self.interpolation, self.longest = size, interpolation, longest
-
-    def __call__(self, img: Image.Image) -> Image.Image:
-        w, h = img.size
-        rh, rw = h / self.size[0], w / self.size[1]
-        ratio = max(rh, rw) if self.longest else min(rh, rw)
-        return TF.resize(img, [round(h / ratio), round(w / ratio)], self.interpolation)
+def _resize(img: Image.Image, size: Size, resample: Image.Resampling) -> Image.Image:
+    """Resize to ``(h, w)``; an image already that size is returned as it is."""
+    h, w = size
+    return img if img.size == (w, h) else img.resize((w, h), resample)
 
 
-class _CenterCropOrPad:
+def _shortest_side_size(img: Image.Image, side: int) -> Size:
+    """torchvision's ``Resize(int)``: shorter side -> ``side``, longer side truncated."""
+    w, h = img.size
+    short, long = min(w, h), max(w, h)
+    new_long = int(side * long / short)
+    return (new_long, side) if w <= h else (side, new_long)
+
+
+def _keep_ratio_size(img: Image.Image, size: Size, longest: bool) -> Size:
+    """Scale so the longest (or shortest) side fits ``size``, keeping the aspect (rounded)."""
+    w, h = img.size
+    ratio_h, ratio_w = h / size[0], w / size[1]
+    ratio = max(ratio_h, ratio_w) if longest else min(ratio_h, ratio_w)
+    return round(h / ratio), round(w / ratio)
+
+
+def _center_crop_or_pad(img: Image.Image, size: Size, fill: int = 0) -> Image.Image:
     """Pad (with ``fill``) where the image is smaller than ``size``, then center crop."""
-
-    def __init__(self, size: tuple[int, int], fill: int = 0) -> None:
-        self.size, self.fill = size, fill
-
-    def __call__(self, img: Image.Image) -> Image.Image:
-        th, tw = self.size
+    th, tw = size
+    w, h = img.size
+    if tw > w or th > h:
+        left, top = max(tw - w, 0) // 2, max(th - h, 0) // 2
+        right, bottom = max(tw - w, 0) - left, max(th - h, 0) - top
+        bands = len(img.getbands())
+        color = fill if bands == 1 else (fill,) * bands  # as torchvision's pad fills
+        palette = img.getpalette() if img.mode == "P" else None
+        img = ImageOps.expand(img, border=(left, top, right, bottom), fill=color)
+        if palette is not None:
+            img.putpalette(palette)
         w, h = img.size
-        if tw > w or th > h:
-            pad = [max(tw - w, 0) // 2, max(th - h, 0) // 2]
-            pad += [max(tw - w, 0) - pad[0], max(th - h, 0) - pad[1]]  # left, top, right, bottom
-            img = TF.pad(img, pad, fill=self.fill)
-        return TF.center_crop(img, [th, tw])
+        if (w, h) == (tw, th):
+            return img
+    top, left = int(round((h - th) / 2.0)), int(round((w - tw) / 2.0))
+    return img.crop((left, top, left + tw, top + th))
 
 
-def _to_rgb(img: Image.Image | torch.Tensor) -> Image.Image | torch.Tensor:
-    return img if isinstance(img, torch.Tensor) else img.convert("RGB")
+def _random_resized_crop_box(
+    img: Image.Image,
+    scale: tuple[float, float] = (0.9, 1.0),
+    ratio: tuple[float, float] = (3 / 4, 4 / 3),
+) -> tuple[int, int, int, int]:
+    """``(top, left, h, w)`` of a random crop: torchvision's ``RandomResizedCrop.get_params``,
+    drawing the same numbers from torch's global generator."""
+    width, height = img.size
+    area = height * width
+    log_ratio = torch.log(torch.tensor(ratio))
+    for _ in range(10):
+        target_area = area * torch.empty(1).uniform_(scale[0], scale[1]).item()
+        aspect = torch.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1])).item()
+        w = int(round(math.sqrt(target_area * aspect)))
+        h = int(round(math.sqrt(target_area / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            top = int(torch.randint(0, height - h + 1, size=(1,)).item())
+            left = int(torch.randint(0, width - w + 1, size=(1,)).item())
+            return top, left, h, w
+    in_ratio = width / height  # fallback: the central crop with the nearest allowed aspect
+    if in_ratio < min(ratio):
+        w, h = width, int(round(width / min(ratio)))
+    elif in_ratio > max(ratio):
+        w, h = int(round(height * max(ratio))), height
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
 
 
-def _to_tensor(img: Image.Image | torch.Tensor) -> torch.Tensor:
-    return img if isinstance(img, torch.Tensor) else TF.to_tensor(img)
+def _to_tensor(img: Image.Image, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """RGB ``PIL`` image -> ``(3, H, W)`` float32 ``(x / 255 - mean) / std``."""
+    x = torch.from_numpy(np.array(img, np.uint8, copy=True)).permute(2, 0, 1).contiguous()
+    return x.to(torch.float32).div(255).sub_(mean).div_(std)
+
+
+class ImageTransform:
+    """PIL image -> normalized ``(3, H, W)`` tensor for one :class:`PreprocessConfig`."""
+
+    def __init__(self, cfg: PreprocessConfig | None = None, is_train: bool = False) -> None:
+        self.cfg = cfg or PreprocessConfig()
+        self.is_train = is_train
+        self.size: Size = to_2tuple(self.cfg.size)
+        self.resample = _RESAMPLE[self.cfg.interpolation]
+        self.mean = torch.tensor(self.cfg.mean, dtype=torch.float32).view(-1, 1, 1)
+        self.std = torch.tensor(self.cfg.std, dtype=torch.float32).view(-1, 1, 1)
+
+    def resize_and_crop(self, img: Image.Image) -> Image.Image:
+        """The geometric part: an image of exactly ``size``, still in its own mode."""
+        cfg, size = self.cfg, self.size
+        if self.is_train:
+            top, left, h, w = _random_resized_crop_box(img)
+            return _resize(img.crop((left, top, left + w, top + h)), size, self.resample)
+        if cfg.resize_mode == "squash":
+            return _resize(img, size, self.resample)
+        if cfg.resize_mode == "longest":
+            img = _resize(img, _keep_ratio_size(img, size, longest=True), self.resample)
+            return _center_crop_or_pad(img, size, cfg.fill_color)
+        if size[0] == size[1]:  # shortest, square target: torchvision's Resize(int)
+            img = _resize(img, _shortest_side_size(img, size[0]), self.resample)
+        else:
+            img = _resize(img, _keep_ratio_size(img, size, longest=False), self.resample)
+        return _center_crop_or_pad(img, size)
+
+    def __call__(self, img: Image.Image) -> torch.Tensor:
+        if not isinstance(img, Image.Image):
+            raise TypeError(f"image_transform expects a PIL image, got {type(img).__name__}")
+        img = self.resize_and_crop(img).convert("RGB")
+        return _to_tensor(img, self.mean, self.std)
+
+    def __repr__(self) -> str:
+        return f"ImageTransform({self.cfg}, is_train={self.is_train})"
 
 
 def image_transform(
     cfg: PreprocessConfig | None = None, is_train: bool = False
 ) -> Callable[[Image.Image], torch.Tensor]:
-    """A torchvision pipeline for ``cfg`` (defaults: 224, OpenAI mean/std, bicubic, shortest)."""
-    cfg = cfg or PreprocessConfig()
-    size = to_2tuple(cfg.size)
-    interp = _MODES[cfg.interpolation]
-    normalize = T.Normalize(mean=cfg.mean, std=cfg.std)
-    if is_train:
-        steps = [T.RandomResizedCrop(size, scale=(0.9, 1.0), interpolation=interp)]
-    elif cfg.resize_mode == "squash":
-        steps = [T.Resize(size, interpolation=interp)]
-    elif cfg.resize_mode == "longest":
-        steps = [
-            _ResizeKeepRatio(size, interp, longest=True),
-            _CenterCropOrPad(size, cfg.fill_color),
-        ]
-    elif size[0] == size[1]:  # shortest, square: torchvision's shorter-side resize
-        steps = [T.Resize(size[0], interpolation=interp), T.CenterCrop(size)]
-    else:
-        steps = [_ResizeKeepRatio(size, interp, longest=False), T.CenterCrop(size)]
-    return T.Compose([*steps, _to_rgb, _to_tensor, normalize])
+    """The preprocessing for ``cfg`` (defaults: 224, OpenAI mean/std, bicubic, shortest)."""
+    return ImageTransform(cfg, is_train)

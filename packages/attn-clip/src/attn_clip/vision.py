@@ -49,9 +49,13 @@ class CLIPVisionTower(nn.Module):
         super().__init__()
         self.config = config
         self.image_size = config.image_size
-        self.trunk = VisionTransformer(vit_config(config))
+        # Built on the meta device (weights about to be loaded) there is nothing to
+        # initialize, and a meta normal_ would import torch._dynamo (~1 s).
+        init = torch.get_default_device().type != "meta"
+        self.trunk = VisionTransformer(vit_config(config), weight_init=init)
         self.proj = nn.Linear(config.width, embed_dim, bias=False)
-        nn.init.normal_(self.proj.weight, std=config.width**-0.5)
+        if init:
+            nn.init.normal_(self.proj.weight, std=config.width**-0.5)
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         self.trunk.set_grad_checkpointing(enable)

@@ -12,13 +12,13 @@ classes for CLIP, independent sigmoids (multi-label) for SigLIP-style models tha
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from itertools import islice
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES as _IMAGENET_CLASSNAMES
-from open_clip.zero_shot_metadata import OPENAI_IMAGENET_TEMPLATES as _OPENAI_TEMPLATES
 
 from .model import CLIP
 
@@ -33,9 +33,15 @@ __all__ = [
 
 Template = str | Callable[[str], str]
 
-# OpenAI's 80 ImageNet prompts and 1,000 class names, as open_clip ships them.
-OPENAI_IMAGENET_TEMPLATES: tuple[Callable[[str], str], ...] = tuple(_OPENAI_TEMPLATES)
-IMAGENET_CLASSNAMES: tuple[str, ...] = tuple(_IMAGENET_CLASSNAMES)
+# OpenAI's 80 ImageNet prompts and 1,000 class names, as open_clip ships them (copied into
+# imagenet_zero_shot.json by ``python -m attn_clip.registry --write``). The prompts are
+# callables, ``OPENAI_IMAGENET_TEMPLATES[0]("dog") == "a bad photo of a dog."``.
+with open(Path(__file__).with_name("imagenet_zero_shot.json"), encoding="utf-8") as _f:
+    _METADATA = json.load(_f)
+OPENAI_IMAGENET_TEMPLATES: tuple[Callable[[str], str], ...] = tuple(
+    t.format for t in _METADATA["openai_imagenet_templates"]
+)
+IMAGENET_CLASSNAMES: tuple[str, ...] = tuple(_METADATA["imagenet_classnames"])
 SIMPLE_TEMPLATES: tuple[str, ...] = ("a photo of a {}.",)
 
 

@@ -1,0 +1,34 @@
+"""The offline demo path (registry, tokenizer, transforms, the bundled model, zero-shot)
+imports none of open_clip, timm, transformers or torchvision (seconds each), nor the
+torch compiler stack (torch._dynamo, sympy)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+HEAVY = ("open_clip", "timm", "transformers", "torchvision", "torch._dynamo", "sympy")
+
+DEMO = """
+import sys
+import attn_clip
+from PIL import Image
+
+attn_clip.list_models(pretrained=True)
+attn_clip.get_pretrained_cfg("ViT-B-32", "openai")
+attn_clip.get_model_config("ViT-L-14")
+model, preprocess, tokenizer = attn_clip.create_model_and_transforms("demo-shapes", pretrained=True)
+labels = ["red circle", "blue square"]
+classifier = attn_clip.build_zero_shot_classifier(model.eval(), tokenizer, labels)
+image = preprocess(Image.new("RGB", (64, 48), (200, 30, 30)))[None]
+attn_clip.predict(model, image, classifier)
+len(attn_clip.IMAGENET_CLASSNAMES), attn_clip.OPENAI_IMAGENET_TEMPLATES[0]("dog")
+print(sorted({h for h in HEAVY for m in sys.modules if m == h or m.startswith(h + ".")}))
+"""
+
+
+def test_demo_path_imports_no_heavy_packages():
+    code = f"HEAVY = {HEAVY!r}\n{DEMO}"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]", out.stdout
