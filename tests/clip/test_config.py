@@ -83,3 +83,10 @@ def test_invalid_values():
         CLIPTextConfig(act="relu")
     with pytest.raises(ValueError, match="embed_dim"):
         CLIPConfig(embed_dim=256, text=CLIPTextConfig(proj_type="none"))
+
+
+def test_from_dict_refuses_unknown_keys_by_name():
+    d = CLIPConfig().to_dict()
+    assert CLIPConfig.from_dict(d) == CLIPConfig()
+    with pytest.raises(ValueError, match=r"unknown CLIPConfig key\(s\): extra, vision.patchsize"):
+        CLIPConfig.from_dict({**d, "extra": 1, "vision": {**d["vision"], "patchsize": 8}})

@@ -17,7 +17,7 @@ from attn_clip import (
     save_pretrained,
 )
 from attn_clip import registry as registry_module
-from attn_core.hub import WeightsUnavailableError
+from attn_core.hub import CheckpointError, WeightsUnavailableError
 from PIL import Image
 from safetensors.torch import save_file
 from torch.testing import assert_close
@@ -125,6 +125,15 @@ def test_save_pretrained_round_trip_with_open_clip(h, tmp_path, tiny_images, tin
         assert_close(ref.encode_text(tiny_tokens), expected_text, **TOL)
     with pytest.raises(ValueError, match="brings its own weights"):
         create_model(str(out_dir), pretrained="x")
+    fresh = create_model(str(out_dir), pretrained=False)  # the architecture only
+    assert fresh.config == model.config and not fresh.training
+    assert not torch.equal(fresh.logit_scale, model.logit_scale)
+    wider = create_model(str(out_dir), pretrained=False, vision={"image_size": 48})
+    assert wider.config.vision.image_size == 48
+    with pytest.raises(CheckpointError, match="shape mismatches: visual.trunk.pos_embed"):
+        create_model(str(out_dir), vision={"image_size": 48})  # weights for another size
+    with pytest.raises(ValueError, match="unknown CLIP config override.*vision.patchsize"):
+        create_model("demo-shapes", vision={"patchsize": 4})
 
 
 @pytest.mark.parametrize(

@@ -196,7 +196,13 @@ class CLIPConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CLIPConfig:
-        """Inverse of :meth:`to_dict` (unknown keys raise ``TypeError``)."""
+        """Inverse of :meth:`to_dict`; unknown keys raise ``ValueError`` naming them."""
+        unknown = sorted(set(d) - {f.name for f in fields(cls)})
+        for key, sub in (("vision", CLIPVisionConfig), ("text", CLIPTextConfig)):
+            names = {f.name for f in fields(sub)}
+            unknown += [f"{key}.{k}" for k in sorted(set(d.get(key) or {}) - names)]
+        if unknown:
+            raise ValueError(f"unknown CLIPConfig key(s): {', '.join(unknown)}")
         return cls(**{**d, "vision": dict(d["vision"]), "text": dict(d["text"])})
 
     @classmethod
