@@ -118,3 +118,20 @@ def test_torchscript_payload_never_runs(torchscript_payload, tmp_path):
     with pytest.raises(CheckpointError):
         create_model(tmp_path)
     assert not marker.exists()
+
+
+def test_building_and_loading_imports_no_reference_library(tmp_path):
+    """A fresh interpreter: preset, save, load back -- transformers is never imported."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, attn_nlp\n"
+        "m = attn_nlp.create_model('transformer-tiny', src_vocab_size=50)\n"
+        f"attn_nlp.save_pretrained(m, {str(tmp_path)!r})\n"
+        f"attn_nlp.create_model({str(tmp_path)!r})\n"
+        "heavy = {'timm', 'open_clip', 'transformers', 'torchvision'}\n"
+        "print(sorted({k.split('.')[0] for k in sys.modules} & heavy))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
