@@ -276,7 +276,7 @@ def create_model(
 
     if ckpt is not None:
         with torch.device("meta"):  # skip the random init the weights would overwrite
-            model = CLIP(config)
+            model = CLIP(config, weight_init=False)
         model.to_empty(device="cpu")
         load_checkpoint(model, ckpt)
     else:

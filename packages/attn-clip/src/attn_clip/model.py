@@ -40,11 +40,12 @@ class CLIPOutput(NamedTuple):
 class CLIP(nn.Module):
     """Dual encoder: ``visual`` (attn_vision ViT + proj), ``text`` (causal Transformer + proj)."""
 
-    def __init__(self, config: CLIPConfig) -> None:
+    def __init__(self, config: CLIPConfig, weight_init: bool = True) -> None:
+        """``weight_init=False`` skips the random init (weights are about to be loaded)."""
         super().__init__()
         self.config = config
-        self.visual = CLIPVisionTower(config.vision, config.embed_dim)
-        self.text = TextTransformer(config.text, config.embed_dim)
+        self.visual = CLIPVisionTower(config.vision, config.embed_dim, weight_init)
+        self.text = TextTransformer(config.text, config.embed_dim, weight_init)
         self.logit_scale = nn.Parameter(torch.tensor(float(config.init_logit_scale)))
         if config.init_logit_bias is not None:
             self.logit_bias = nn.Parameter(torch.tensor(float(config.init_logit_bias)))

@@ -142,17 +142,16 @@ def text_global_pool(
 class TextTransformer(nn.Module):
     """Causal Transformer text encoder ``(B, L)`` token ids -> ``(B, E)`` embeddings."""
 
-    def __init__(self, config: CLIPTextConfig, embed_dim: int) -> None:
+    def __init__(self, config: CLIPTextConfig, embed_dim: int, weight_init: bool = True) -> None:
         super().__init__()
         self.config = c = config
         self.context_length = c.context_length
         self.grad_checkpointing = False
         self.fast_inference = True  # oneDNN blocks, length groups (see the module docstring)
         norm_layer = partial(nn.LayerNorm, eps=c.norm_eps)
-        # Built on the meta device (weights about to be loaded) the random init is skipped:
-        # there is nothing to initialize, and a meta normal_ would import torch._dynamo.
-        init = torch.get_default_device().type != "meta"
-        if init:
+        # weight_init=False (weights about to be loaded, built on the meta device): no random
+        # init -- nothing to initialize, and a meta normal_ would import torch._dynamo (~1 s)
+        if weight_init:
             self.token_embedding = nn.Embedding(c.vocab_size, c.width)  # (V, D)
         else:
             empty = torch.empty(c.vocab_size, c.width)
@@ -173,7 +172,7 @@ class TextTransformer(nn.Module):
         self.proj = (
             nn.Linear(c.width, embed_dim, bias=c.proj_bias) if c.proj_type == "linear" else None
         )
-        if init:
+        if weight_init:
             self.init_weights()
 
     @torch.no_grad()

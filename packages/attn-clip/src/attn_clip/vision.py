@@ -45,16 +45,13 @@ def vit_config(c: CLIPVisionConfig) -> ViTConfig:
 class CLIPVisionTower(nn.Module):
     """``(B, C, H, W)`` images -> ``(B, E)`` embeddings (not normalized)."""
 
-    def __init__(self, config: CLIPVisionConfig, embed_dim: int) -> None:
+    def __init__(self, config: CLIPVisionConfig, embed_dim: int, weight_init: bool = True) -> None:
         super().__init__()
         self.config = config
         self.image_size = config.image_size
-        # Built on the meta device (weights about to be loaded) there is nothing to
-        # initialize, and a meta normal_ would import torch._dynamo (~1 s).
-        init = torch.get_default_device().type != "meta"
-        self.trunk = VisionTransformer(vit_config(config), weight_init=init)
+        self.trunk = VisionTransformer(vit_config(config), weight_init=weight_init)
         self.proj = nn.Linear(config.width, embed_dim, bias=False)
-        if init:
+        if weight_init:
             nn.init.normal_(self.proj.weight, std=config.width**-0.5)
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
