@@ -53,3 +53,23 @@ def torchscript_payload(tmp_path: Path) -> tuple[Path, Path]:
     archive, marker = tmp_path / "payload.pt", tmp_path / "payload-ran.marker"
     PAYLOADS.make_torchscript_payload(archive, marker)
     return archive, marker
+
+
+def _fake_hub_cache(cache: Path, repo_id: str, files: dict[str, bytes]) -> Path:
+    """Lay ``files`` out the way huggingface_hub caches a download of ``repo_id``@main;
+    returns the snapshot folder."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    root = cache / f"models--{repo_id.replace('/', '--')}"
+    (root / "refs").mkdir(parents=True, exist_ok=True)
+    (root / "refs" / "main").write_text(commit)
+    snap = root / "snapshots" / commit
+    snap.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        (snap / name).write_bytes(data)
+    return snap
+
+
+@pytest.fixture
+def fake_hub_cache():
+    """``fake_hub_cache(cache_dir, repo_id, {name: bytes})``: a hub cache with those files."""
+    return _fake_hub_cache

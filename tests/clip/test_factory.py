@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import open_clip
 import pytest
@@ -26,17 +23,8 @@ TOL = {"atol": 1e-4, "rtol": 1e-4}
 NAME, TAG, REPO = "attn-test-tiny", "fake_tag", "attn-test/tiny-clip"
 
 
-def _fake_hub_cache():
-    spec = importlib.util.spec_from_file_location(
-        "attn_clip_test_pretrained", Path(__file__).with_name("test_pretrained.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.fake_hub_cache
-
-
 @pytest.fixture
-def tiny_registry(h, monkeypatch, tmp_path):
+def tiny_registry(h, monkeypatch, tmp_path, fake_hub_cache):
     """Register a tiny architecture + tag in attn_clip's copy of open_clip's registry and its
     weights in a fake hub cache, so create_model(NAME, pretrained=TAG) runs the real lookup
     path offline."""
@@ -51,7 +39,7 @@ def tiny_registry(h, monkeypatch, tmp_path):
     sd = {k: v.contiguous() for k, v in ref.state_dict().items()}
     path = tmp_path / "weights.safetensors"
     save_file(sd, str(path))
-    _fake_hub_cache()(tmp_path / "hub", REPO, {"open_clip_model.safetensors": path.read_bytes()})
+    fake_hub_cache(tmp_path / "hub", REPO, {"open_clip_model.safetensors": path.read_bytes()})
     yield ref, tmp_path / "hub"
 
 

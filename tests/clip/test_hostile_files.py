@@ -65,18 +65,16 @@ def test_sharded_folder_naming_a_file_outside(torchscript_payload, tmp_path):
     assert not marker.exists()
 
 
-def test_hf_hub_repo_in_the_local_cache(torchscript_payload, tmp_path, monkeypatch):
+def test_hf_hub_repo_in_the_local_cache(torchscript_payload, tmp_path, monkeypatch, fake_hub_cache):
     from huggingface_hub import constants
 
     archive, marker = torchscript_payload
-    commit = "0123456789abcdef0123456789abcdef01234567"
-    root = tmp_path / "hub" / "models--evil--clip"
-    (root / "refs").mkdir(parents=True)
-    (root / "refs" / "main").write_text(commit)
-    snap = root / "snapshots" / commit
     meta = {"model_cfg": create_model("demo-shapes").config.to_open_clip()}
-    copy(archive, snap / "open_clip_pytorch_model.bin")
-    (snap / "open_clip_config.json").write_text(json.dumps(meta))
+    files = {
+        "open_clip_pytorch_model.bin": archive.read_bytes(),
+        "open_clip_config.json": json.dumps(meta).encode(),
+    }
+    fake_hub_cache(tmp_path / "hub", "evil/clip", files)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     assert_refused(
         lambda: create_model("hf-hub:evil/clip", cache_dir=tmp_path / "hub"),

@@ -5,26 +5,11 @@ Downloads and the readers themselves are tested in tests/core/test_hub.py.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from attn_clip import read_checkpoint
 from attn_core.hub import CheckpointError, WeightsUnavailableError
 from safetensors.torch import save_file
-
-
-def fake_hub_cache(cache: Path, repo_id: str, files: dict[str, bytes]) -> Path:
-    """Lay ``files`` out the way huggingface_hub caches a download of ``repo_id``@main."""
-    commit = "0123456789abcdef0123456789abcdef01234567"
-    root = cache / f"models--{repo_id.replace('/', '--')}"
-    (root / "refs").mkdir(parents=True)
-    (root / "refs" / "main").write_text(commit)
-    snap = root / "snapshots" / commit
-    snap.mkdir(parents=True)
-    for name, data in files.items():
-        (snap / name).write_bytes(data)
-    return snap
 
 
 def test_read_state_dict_files(tmp_path):

@@ -25,19 +25,6 @@ REPO = "laion/CLIP-ViT-B-32-laion2B-s34B-b79K"
 FILES = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
 
 
-def fake_hub_cache(cache: Path, repo_id: str, files: dict[str, bytes]) -> Path:
-    """Lay ``files`` out the way huggingface_hub caches a download of ``repo_id``@main."""
-    commit = "0123456789abcdef0123456789abcdef01234567"
-    root = cache / f"models--{repo_id.replace('/', '--')}"
-    (root / "refs").mkdir(parents=True)
-    (root / "refs" / "main").write_text(commit)
-    snap = root / "snapshots" / commit
-    snap.mkdir(parents=True)
-    for name, data in files.items():
-        (snap / name).write_bytes(data)
-    return snap
-
-
 def test_exception_hierarchy():
     assert issubclass(WeightsUnavailableError, WeightsError) and issubclass(
         WeightsUnavailableError, OSError
@@ -67,7 +54,7 @@ def test_unreachable_hub_fails_fast(tmp_path, monkeypatch):
     assert time.monotonic() - start < 5  # no 20-second retry loop
 
 
-def test_cached_file_is_found_offline_in_order(tmp_path):
+def test_cached_file_is_found_offline_in_order(tmp_path, fake_hub_cache):
     snap = fake_hub_cache(tmp_path, REPO, {FILES[0]: b"st", FILES[1]: b"bin"})
     assert hub.download(REPO, FILES, cache_dir=tmp_path, local_files_only=True) == snap / FILES[0]
     other = tmp_path / "other"

@@ -213,7 +213,7 @@ def _torch_load(path: Path) -> StateDict:
     try:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        # torch's message suggests weights_only=False; ours names only what was refused
+        # torch's message advises unpickling anyway; ours names only what was refused
         found = re.search(r"GLOBAL (\S+?)[:,.]?(\s|$)", str(e))
         refused = f"global {found.group(1)}" if found else ""
         if not refused:  # not a refusal: a corrupt or foreign file

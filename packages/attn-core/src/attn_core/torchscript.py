@@ -1,7 +1,7 @@
 """Read the tensors of a TorchScript archive without running any of its code.
 
-``torch.jit.load`` compiles the archive's ``code/`` and runs it: a TorchScript class's
-``__setstate__`` executes while the archive loads. OpenAI's CLIP checkpoints
+TorchScript's own loader (``torch.jit``) compiles the archive's ``code/`` and runs it: a
+TorchScript class's ``__setstate__`` executes while the archive loads. OpenAI's CLIP checkpoints
 (``ViT-B-32.pt``, ``RN50.pt``, ...) are such archives, so attn-zoo reads them here instead:
 
 * ``<prefix>/data.pkl`` -- the module tree -- is unpickled by a restricted unpickler that
@@ -11,7 +11,7 @@
 * Which attributes are parameters / buffers is read from the ``__parameters__`` /
   ``__buffers__`` lists of the class definitions in ``<prefix>/code/``, parsed with
   :mod:`ast` (parsed, never compiled or run). The result matches
-  ``torch.jit.load(path).state_dict()``.
+  the ``state_dict()`` of the module TorchScript's loader returns.
 
 A module whose class defines ``__setstate__`` (state that only archive code can restore)
 is refused with :class:`~attn_core.hub.UnsafeCheckpointError`.
@@ -330,10 +330,11 @@ def _class_info(node: ast.ClassDef) -> _ClassInfo:
 def read_torchscript_archive(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """The state dict of a ``torch.jit.save`` archive (CPU tensors), read without its code.
 
-    Names and order match ``torch.jit.load(path).state_dict()``: each module's parameters,
-    then its buffers, then its submodules. Raises :class:`CheckpointError` (a ``ValueError``)
-    for anything that is not such an archive and :class:`UnsafeCheckpointError` for a
-    refused global or a module whose state only archive code can restore.
+    Names and order match the ``state_dict()`` of the module TorchScript's loader returns:
+    each module's parameters, then its buffers, then its submodules. Raises
+    :class:`CheckpointError` (a ``ValueError``) for anything that is not such an archive and
+    :class:`UnsafeCheckpointError` for a refused global or a module whose state only archive
+    code can restore.
     """
     path = Path(path)
     try:
@@ -380,7 +381,7 @@ def _collect(
     if info.has_setstate:
         raise UnsafeCheckpointError(
             f"refusing {obj.qualname} ({where}) in {path.name}: its class defines "
-            f"__setstate__, code that torch.jit.load would run; {_NOTE} ({path})"
+            f"__setstate__, code that TorchScript's loader would run; {_NOTE} ({path})"
         )
     if info.parameters is None:
         raise CheckpointError(
