@@ -39,6 +39,7 @@ from typing import Any
 from attn_core import hub
 from torch import nn
 
+from .constants import DEFAULT_CROP_PCT, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from .convert import convert_timm_resnet, convert_timm_swin, convert_timm_vit
 from .pretrained import (
     TABLE_FIELDS,
@@ -49,7 +50,6 @@ from .pretrained import (
 )
 from .resnet import ResNet, ResNetConfig
 from .swin import SwinConfig, SwinTransformer
-from .transforms import DEFAULT_CROP_PCT, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from .vit import VisionTransformer, ViTConfig
 
 __all__ = [

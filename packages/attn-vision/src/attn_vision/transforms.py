@@ -22,10 +22,10 @@ import torch
 from PIL import Image, ImageOps
 from torch import nn
 
+from .constants import DEFAULT_CROP_PCT, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from .registry import _data_cfg, _resolve
+
 __all__ = ["EvalTransform", "create_transform", "resolve_data_config"]
-IMAGENET_DEFAULT_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_DEFAULT_STD = (0.229, 0.224, 0.225)
-DEFAULT_CROP_PCT = 0.875
 # timm's interpolation names -> PIL filters (torchvision's mapping for PIL images)
 PIL_INTERPOLATION = {
     "nearest": Image.Resampling.NEAREST,
@@ -47,8 +47,6 @@ def resolve_data_config(
     Missing entries get timm's defaults; keyword ``overrides`` win.
     """
     if isinstance(model_or_cfg, str):
-        from .registry import _data_cfg, _resolve
-
         _, config, timm_cfg = _resolve(model_or_cfg, {})
         cfg = _data_cfg(timm_cfg, config)
     elif isinstance(model_or_cfg, nn.Module):
