@@ -96,9 +96,10 @@ def load_index(base: Path, manifest: dict[str, Any]):
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1, ensure_ascii=False), encoding="utf-8")
-    os.replace(tmp, path)
+    from attn_core.hub import atomic_write
+
+    with atomic_write(path, "w") as f:
+        json.dump(obj, f, indent=1, ensure_ascii=False)
 
 
 def shown(root: str, rel: str) -> str:

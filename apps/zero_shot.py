@@ -120,7 +120,8 @@ def build_classifier(loaded: LoadedModel, labels: list[str], templates: list, ca
     """``(E, K)`` label embeddings; big heads (--imagenet) are built in batches with a
     progress bar and cached on disk."""
     import attn_clip
-    from safetensors.torch import load_file, save_file
+    from attn_core import hub
+    from safetensors.torch import load_file
 
     path = _cache_path(loaded, labels, templates) if cache else None
     if path is not None and path.is_file():
@@ -139,10 +140,7 @@ def build_classifier(loaded: LoadedModel, labels: list[str], templates: list, ca
     )
     if path is not None:
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            save_file({"classifier": classifier.detach().cpu().contiguous()}, str(tmp))
-            os.replace(tmp, path)
+            hub.save_state_dict({"classifier": classifier}, path)
         except OSError as e:
             warn(f"could not cache the classifier in {path.parent}: {e}")
     return classifier

@@ -321,9 +321,10 @@ def main(argv: list[str] | None = None) -> int:
             continue
         stale.append(name)
         if args.write:
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(text, encoding="utf-8")
-            os.replace(tmp, path)
+            from attn_core.hub import atomic_write
+
+            with atomic_write(path, "w") as f:
+                f.write(text)
             print(f"wrote {path}")
     if args.check and stale:
         print(f"out of date: {', '.join(stale)} (run: python -m attn_clip.registry --write)")

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from attn_core import hub
 
 __all__ = ["EmbeddingIndex", "SearchResult", "retrieval_metrics"]
 
@@ -157,22 +158,20 @@ class EmbeddingIndex:
         from safetensors.torch import save_file
 
         tensor_path, meta_path = _paths(path)
-        tensor_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = tensor_path.with_name(tensor_path.name + ".tmp")
-        save_file({"embeddings": self.embeddings.contiguous()}, str(tmp))
+        with hub.atomic_path(tensor_path) as tmp:
+            save_file({"embeddings": self.embeddings.contiguous()}, tmp)
+            sha256 = _sha256(Path(tmp))
         meta = {
             "format": FORMAT,
             "version": VERSION,
             "dim": self.dim,
             "count": len(self),
             "tensor_file": tensor_path.name,
-            "sha256": _sha256(tmp),
+            "sha256": sha256,
             "ids": self.ids,
         }
-        os.replace(tmp, tensor_path)
-        tmp_meta = meta_path.with_name(meta_path.name + ".tmp")
-        tmp_meta.write_text(json.dumps(meta), encoding="utf-8")
-        os.replace(tmp_meta, meta_path)
+        with hub.atomic_write(meta_path, "w") as f:
+            json.dump(meta, f)
         return tensor_path, meta_path
 
     @classmethod
