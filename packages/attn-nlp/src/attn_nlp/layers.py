@@ -24,26 +24,7 @@ __all__ = [
     "LearnedPositionalEmbedding",
     "SinusoidalPositionalEmbedding",
     "make_block",
-    "resolve_activation",
 ]
-
-# Hugging Face activation names -> attn_core's.
-_ACT_ALIASES = {
-    "swish": "silu",
-    "gelu_new": "gelu_tanh",
-    "gelu_pytorch_tanh": "gelu_tanh",
-    "gelu_fast": "gelu_tanh",
-}
-_ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "quick_gelu", "silu", "swiglu")
-
-
-def resolve_activation(name: str) -> str:
-    """Canonical activation name (``"swish"`` -> ``"silu"``); ValueError if unknown."""
-    act = _ACT_ALIASES.get(name, name)
-    if act not in _ACTIVATIONS:
-        raise ValueError(f"unknown activation {name!r}; expected one of {_ACTIVATIONS}")
-    return act
-
 
 def sinusoidal_table(num_positions: int, dim: int, layout: str = "concat") -> torch.Tensor:
     """``(P, D)`` float32 sin/cos table, computed in float64 like the reference code."""
@@ -142,7 +123,6 @@ def make_block(
     ``dropout`` acts on each branch output; ``mlp_dropout`` inside the MLP, after the
     activation (Marian's ``activation_dropout``; None = ``dropout``).
     """
-    act = resolve_activation(act)
     block = TransformerBlock(
         dim,
         num_heads,
