@@ -5,8 +5,8 @@ key / value widths, ``Hd`` scoring hidden width.
 
 Instead of a dot product, a small MLP scores each (query, key) pair (Bahdanau, Cho &
 Bengio 2015). With ``out_dim`` the module also fuses the query with the attended
-context through a Linear, like the seed article's ``MyAttn`` (its ``attn_combine``),
-but batched and over variable-length keys with a padding mask.
+context through a Linear (the ``attn_combine`` step of the PyTorch seq2seq tutorial's
+attention decoder), batched and over variable-length keys with a padding mask.
 """
 
 from __future__ import annotations

@@ -2,8 +2,7 @@
 
 Shape legend: ``B`` batch, ``L`` tokens, ``D`` width, ``C`` classes.
 
-The seed article's third practice step ("put your multi-head attention into an encoder and
-classify sentences"). Pooling is ``"cls"`` (a learned token prepended to every sequence,
+Multi-head attention put to work in an encoder that classifies sentences. Pooling is ``"cls"`` (a learned token prepended to every sequence,
 as in BERT / ViT) or ``"mean"`` (average over non-padding tokens).
 """
 

@@ -1,4 +1,4 @@
-"""GPT-style decoder-only language model (the seed article's "character-level generation").
+"""GPT-style decoder-only language model, e.g. for character-level text generation.
 
 Shape legend: ``B`` batch, ``T`` tokens, ``D`` width, ``V`` vocabulary, ``H`` heads.
 
