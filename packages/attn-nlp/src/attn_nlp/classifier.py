@@ -2,8 +2,9 @@
 
 Shape legend: ``B`` batch, ``L`` tokens, ``D`` width, ``C`` classes.
 
-Multi-head attention put to work in an encoder that classifies sentences. Pooling is ``"cls"`` (a learned token prepended to every sequence,
-as in BERT / ViT) or ``"mean"`` (average over non-padding tokens).
+Multi-head attention put to work in an encoder that classifies sentences. Pooling is
+``"cls"`` (a learned token prepended to every sequence, as in BERT / ViT) or ``"mean"``
+(average over non-padding tokens).
 """
 
 from __future__ import annotations
