@@ -26,6 +26,7 @@ __all__ = [
     "make_block",
 ]
 
+
 def sinusoidal_table(num_positions: int, dim: int, layout: str = "concat") -> torch.Tensor:
     """``(P, D)`` float32 sin/cos table, computed in float64 like the reference code."""
     if layout not in ("concat", "interleaved"):
