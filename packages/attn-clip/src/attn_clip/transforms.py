@@ -24,59 +24,23 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-import numpy as np
 import torch
 from attn_vision.patch_embed import to_2tuple
-from PIL import Image, ImageOps
+from attn_vision.transforms import (
+    Size,
+    center_crop_or_pad,
+    keep_ratio_size,
+    resize,
+    shortest_side_size,
+    to_tensor,
+)
+from PIL import Image
 
 from .config import PreprocessConfig
 
 __all__ = ["image_transform"]
 
 _RESAMPLE = {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resampling.BILINEAR}
-Size = tuple[int, int]  # (height, width)
-
-
-def _resize(img: Image.Image, size: Size, resample: Image.Resampling) -> Image.Image:
-    """Resize to ``(h, w)``; an image already that size is returned as it is."""
-    h, w = size
-    return img if img.size == (w, h) else img.resize((w, h), resample)
-
-
-def _shortest_side_size(img: Image.Image, side: int) -> Size:
-    """torchvision's ``Resize(int)``: shorter side -> ``side``, longer side truncated."""
-    w, h = img.size
-    short, long = min(w, h), max(w, h)
-    new_long = int(side * long / short)
-    return (new_long, side) if w <= h else (side, new_long)
-
-
-def _keep_ratio_size(img: Image.Image, size: Size, longest: bool) -> Size:
-    """Scale so the longest (or shortest) side fits ``size``, keeping the aspect (rounded)."""
-    w, h = img.size
-    ratio_h, ratio_w = h / size[0], w / size[1]
-    ratio = max(ratio_h, ratio_w) if longest else min(ratio_h, ratio_w)
-    return round(h / ratio), round(w / ratio)
-
-
-def _center_crop_or_pad(img: Image.Image, size: Size, fill: int = 0) -> Image.Image:
-    """Pad (with ``fill``) where the image is smaller than ``size``, then center crop."""
-    th, tw = size
-    w, h = img.size
-    if tw > w or th > h:
-        left, top = max(tw - w, 0) // 2, max(th - h, 0) // 2
-        right, bottom = max(tw - w, 0) - left, max(th - h, 0) - top
-        bands = len(img.getbands())
-        color = fill if bands == 1 else (fill,) * bands  # as torchvision's pad fills
-        palette = img.getpalette() if img.mode == "P" else None
-        img = ImageOps.expand(img, border=(left, top, right, bottom), fill=color)
-        if palette is not None:
-            img.putpalette(palette)
-        w, h = img.size
-        if (w, h) == (tw, th):
-            return img
-    top, left = int(round((h - th) / 2.0)), int(round((w - tw) / 2.0))
-    return img.crop((left, top, left + tw, top + th))
 
 
 def _random_resized_crop_box(
@@ -108,12 +72,6 @@ def _random_resized_crop_box(
     return (height - h) // 2, (width - w) // 2, h, w
 
 
-def _to_tensor(img: Image.Image, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
-    """RGB ``PIL`` image -> ``(3, H, W)`` float32 ``(x / 255 - mean) / std``."""
-    x = torch.from_numpy(np.array(img, np.uint8, copy=True)).permute(2, 0, 1).contiguous()
-    return x.to(torch.float32).div(255).sub_(mean).div_(std)
-
-
 class ImageTransform:
     """PIL image -> normalized ``(3, H, W)`` tensor for one :class:`PreprocessConfig`."""
 
@@ -130,23 +88,23 @@ class ImageTransform:
         cfg, size = self.cfg, self.size
         if self.is_train:
             top, left, h, w = _random_resized_crop_box(img)
-            return _resize(img.crop((left, top, left + w, top + h)), size, self.resample)
+            return resize(img.crop((left, top, left + w, top + h)), size, self.resample)
         if cfg.resize_mode == "squash":
-            return _resize(img, size, self.resample)
+            return resize(img, size, self.resample)
         if cfg.resize_mode == "longest":
-            img = _resize(img, _keep_ratio_size(img, size, longest=True), self.resample)
-            return _center_crop_or_pad(img, size, cfg.fill_color)
+            img = resize(img, keep_ratio_size(img, size, longest=True), self.resample)
+            return center_crop_or_pad(img, size, cfg.fill_color)
         if size[0] == size[1]:  # shortest, square target: torchvision's Resize(int)
-            img = _resize(img, _shortest_side_size(img, size[0]), self.resample)
+            img = resize(img, shortest_side_size(img, size[0]), self.resample)
         else:
-            img = _resize(img, _keep_ratio_size(img, size, longest=False), self.resample)
-        return _center_crop_or_pad(img, size)
+            img = resize(img, keep_ratio_size(img, size, longest=False), self.resample)
+        return center_crop_or_pad(img, size)
 
     def __call__(self, img: Image.Image) -> torch.Tensor:
         if not isinstance(img, Image.Image):
             raise TypeError(f"image_transform expects a PIL image, got {type(img).__name__}")
         img = self.resize_and_crop(img).convert("RGB")
-        return _to_tensor(img, self.mean, self.std)
+        return to_tensor(img).sub_(self.mean).div_(self.std)
 
     def __repr__(self) -> str:
         return f"ImageTransform({self.cfg}, is_train={self.is_train})"

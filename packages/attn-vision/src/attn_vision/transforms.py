@@ -25,7 +25,16 @@ from torch import nn
 from .constants import DEFAULT_CROP_PCT, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from .registry import _data_cfg, _resolve
 
-__all__ = ["EvalTransform", "create_transform", "resolve_data_config"]
+__all__ = [
+    "EvalTransform",
+    "center_crop_or_pad",
+    "create_transform",
+    "keep_ratio_size",
+    "resize",
+    "resolve_data_config",
+    "shortest_side_size",
+    "to_tensor",
+]
 # timm's interpolation names -> PIL filters (torchvision's mapping for PIL images)
 PIL_INTERPOLATION = {
     "nearest": Image.Resampling.NEAREST,
@@ -105,39 +114,69 @@ class EvalTransform:
         if not isinstance(img, Image.Image):
             raise TypeError(f"expected a PIL image, got {type(img).__name__}")
         h, w = self.size
-        scale_h, scale_w = math.floor(h / self.crop_pct), math.floor(w / self.crop_pct)
+        scale = (math.floor(h / self.crop_pct), math.floor(w / self.crop_pct))
         if self.crop_mode == "squash":
-            new_h, new_w = scale_h, scale_w
-        elif scale_h == scale_w:  # shorter side -> scale (torchvision's Resize(int))
-            short, long = sorted((img.height, img.width))
-            new_short, new_long = scale_h, int(scale_h * long / short)
-            new_h, new_w = (
-                (new_long, new_short) if img.width <= img.height else (new_short, new_long)
-            )
-        else:  # cover (scale_h, scale_w) with the aspect ratio kept (timm's ResizeKeepRatio)
-            ratio = min(img.height / scale_h, img.width / scale_w)
-            new_h, new_w = round(img.height / ratio), round(img.width / ratio)
-        if (new_h, new_w) != (img.height, img.width):
-            img = img.resize((new_w, new_h), PIL_INTERPOLATION[self.interpolation])
-        x = _to_tensor(_center_crop(img, h, w))
+            new_size = scale
+        elif scale[0] == scale[1]:  # shorter side -> scale (torchvision's Resize(int))
+            new_size = shortest_side_size(img, scale[0])
+        else:  # cover ``scale`` with the aspect ratio kept (timm's ResizeKeepRatio)
+            new_size = keep_ratio_size(img, scale, longest=False)
+        img = resize(img, new_size, PIL_INTERPOLATION[self.interpolation])
+        x = to_tensor(center_crop_or_pad(img, self.size))
         mean = torch.as_tensor(self.mean, dtype=x.dtype).view(-1, 1, 1)
         std = torch.as_tensor(self.std, dtype=x.dtype).view(-1, 1, 1)
         return x.sub_(mean).div_(std)
 
 
-def _center_crop(img: Image.Image, h: int, w: int) -> Image.Image:
-    """torchvision's ``center_crop``: zero-pad when smaller, then the rounded center box."""
-    if h > img.height or w > img.width:
-        dw, dh = max(w - img.width, 0), max(h - img.height, 0)
-        img = ImageOps.expand(img, border=(dw // 2, dh // 2, (dw + 1) // 2, (dh + 1) // 2), fill=0)
-        if (img.height, img.width) == (h, w):
+# -- the geometry, shared with attn_clip's transforms (torchvision's arithmetic on PIL) ------
+Size = tuple[int, int]  # (height, width)
+
+
+def resize(img: Image.Image, size: Size, resample: Image.Resampling) -> Image.Image:
+    """Resize to ``(h, w)``; an image already that size is returned as it is."""
+    h, w = size
+    return img if img.size == (w, h) else img.resize((w, h), resample)
+
+
+def shortest_side_size(img: Image.Image, side: int) -> Size:
+    """torchvision's ``Resize(int)``: shorter side -> ``side``, longer side truncated."""
+    w, h = img.size
+    short, long = min(w, h), max(w, h)
+    new_long = int(side * long / short)
+    return (new_long, side) if w <= h else (side, new_long)
+
+
+def keep_ratio_size(img: Image.Image, size: Size, longest: bool) -> Size:
+    """Scale so the longest side fits in ``size`` (``longest``) or the image covers it,
+    keeping the aspect ratio (rounded), as timm's ``ResizeKeepRatio`` does."""
+    w, h = img.size
+    ratio_h, ratio_w = h / size[0], w / size[1]
+    ratio = max(ratio_h, ratio_w) if longest else min(ratio_h, ratio_w)
+    return round(h / ratio), round(w / ratio)
+
+
+def center_crop_or_pad(img: Image.Image, size: Size, fill: int = 0) -> Image.Image:
+    """torchvision's ``center_crop``: pad with ``fill`` where the image is smaller than
+    ``size``, then take the rounded center box."""
+    th, tw = size
+    w, h = img.size
+    if tw > w or th > h:
+        left, top = max(tw - w, 0) // 2, max(th - h, 0) // 2
+        right, bottom = max(tw - w, 0) - left, max(th - h, 0) - top
+        bands = len(img.getbands())
+        color = fill if bands == 1 else (fill,) * bands  # as torchvision's pad fills
+        palette = img.getpalette() if img.mode == "P" else None
+        img = ImageOps.expand(img, border=(left, top, right, bottom), fill=color)
+        if palette is not None:
+            img.putpalette(palette)
+        w, h = img.size
+        if (w, h) == (tw, th):
             return img
-    top = int(round((img.height - h) / 2.0))
-    left = int(round((img.width - w) / 2.0))
-    return img.crop((left, top, left + w, top + h))
+    top, left = int(round((h - th) / 2.0)), int(round((w - tw) / 2.0))
+    return img.crop((left, top, left + tw, top + th))
 
 
-def _to_tensor(img: Image.Image) -> torch.Tensor:
+def to_tensor(img: Image.Image) -> torch.Tensor:
     """torchvision's ``to_tensor``: ``(C, H, W)``, 8-bit images scaled to ``[0, 1]``."""
     little = sys.byteorder == "little"
     dtypes = {"I": np.int32, "I;16" if little else "I;16B": np.int16, "F": np.float32}
