@@ -1,5 +1,5 @@
-"""scripts/benchmark.py --quick: every section runs on tiny configs and reports rows, checks
-and goals (a smoke test of the script; timings are not asserted)."""
+"""benchmarks/run.py --quick: every section runs on tiny configs and reports rows, checks
+and goals (a smoke test of the benchmarks; timings are not asserted)."""
 
 from __future__ import annotations
 
@@ -9,17 +9,12 @@ import pytest
 import torch
 
 
-@pytest.fixture(scope="module")
-def benchmark_script(load_script):
-    return load_script("benchmark")
-
-
-def test_quick_run_writes_tables_and_json(benchmark_script, tmp_path, capsys):
+def test_quick_run_writes_tables_and_json(benchmarks_run, tmp_path, capsys):
     out = tmp_path / "bench.json"
     argv = ["--quick", "--repeats", "1", "--json", str(out), "--markdown", str(tmp_path / "b.md")]
     threads = torch.get_num_threads()
     try:  # one thread: tiny ops are not worth a second one (and other jobs may hold the CPU)
-        assert benchmark_script.main([*argv, "--threads", "1"]) == 0
+        assert benchmarks_run.main([*argv, "--threads", "1"]) == 0
     finally:
         torch.set_num_threads(threads)
     printed = capsys.readouterr().out
@@ -43,15 +38,15 @@ def test_quick_run_writes_tables_and_json(benchmark_script, tmp_path, capsys):
     assert (tmp_path / "b.md").read_text().startswith("###")
 
 
-def test_bad_section_is_refused(benchmark_script):
+def test_bad_section_is_refused(benchmarks_run):
     with pytest.raises(SystemExit):
-        benchmark_script.main(["--only", "nope"])
+        benchmarks_run.main(["--only", "nope"])
 
 
-def test_startup_section_reports_the_goal(benchmark_script, tmp_path):
+def test_startup_section_reports_the_goal(benchmarks_run, tmp_path):
     """--only startup: fresh interpreters for the README's first command and `import torch`."""
     out = tmp_path / "bench.json"
-    assert benchmark_script.main(["--only", "startup", "--quick", "--json", str(out)]) == 0
+    assert benchmarks_run.main(["--only", "startup", "--quick", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     assert {row["impl"] for row in result["rows"]} == {"import torch", "README first command"}
     (goal,) = result["goals"]
