@@ -6,12 +6,17 @@
     uv run apps/retrieval.py search photos.idx --image query.jpg --grid hits.png
     uv run apps/retrieval.py eval --csv captions.csv                    # recall@1/5/10
 
-An index is three files: ``INDEX.safetensors`` + ``INDEX.json`` (an attn_clip
-``EmbeddingIndex``: normalized image embeddings, their paths, a SHA-256) and
-``INDEX.manifest.json`` (the model that made it, the folder, and each file's size, mtime
-and SHA-256, which --update compares to find new, changed and removed files). ``search``
-and ``eval --index`` use the index's own model; asking for another one is an error, and
-so are weights that no longer give the embeddings the index was built with.
+An index is ``INDEX.manifest.json`` (the model that made it, the folder, and each file's
+size, mtime and SHA-256, which --update compares to find new, changed and removed files)
+and the generation of embeddings it names, ``INDEX.g<N>.safetensors`` + ``INDEX.g<N>.json``
+(an attn_clip ``EmbeddingIndex``: normalized image embeddings, their paths, a SHA-256).
+An update writes a new generation completely, then switches the manifest in one rename,
+then removes the old generation: killed at any point, the index is the old one or the new
+one, and the next ``--update`` completes the work. ``index`` holds ``INDEX.lock`` while it
+writes; a second writer exits with code 2 naming the first one's PID. To copy an index,
+copy ``INDEX.*``. ``search`` and ``eval --index`` use the index's own model; asking for
+another one is an error, and so are weights that no longer give the embeddings the index
+was built with.
 
 Bad input (unreadable index, missing query image, empty query, unknown model, weights not
 available offline, a CSV without image / caption columns) prints one line on stderr and
@@ -43,7 +48,7 @@ from _common import (  # the image / model helpers shared with apps/zero_shot.py
     warn,
 )
 
-MANIFEST_FORMAT, MANIFEST_VERSION = "attn-zoo.retrieval-manifest", 1
+MANIFEST_FORMAT, MANIFEST_VERSION = "attn-zoo.retrieval-manifest", 2
 PROBE_TEXT = "a photo of a dog."  # its embedding is stored to recognise the same weights
 PROBE_MIN_COSINE = 0.99  # bf16 / fp16 / another device stay far above this
 IMAGE_COLUMNS = ("filepath", "image", "image_path", "path", "file", "filename")
@@ -66,6 +71,9 @@ def manifest_path(base: Path) -> Path:
     return base.with_name(base.name + ".manifest.json")
 
 
+MANIFEST_KEYS = ("format", "version", "model", "root", "files", "skipped")
+
+
 def read_manifest(base: Path) -> dict[str, Any]:
     path = manifest_path(base)
     if not path.is_file():
@@ -78,28 +86,35 @@ def read_manifest(base: Path) -> dict[str, Any]:
         raise InputError(f"unreadable index manifest {path}: {e}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
         raise InputError(f"{path} is not a manifest written by apps/retrieval.py")
-    if manifest.get("version") != MANIFEST_VERSION:
+    if manifest.get("version") not in (1, MANIFEST_VERSION):
         raise InputError(f"{path}: unsupported manifest version {manifest.get('version')!r}")
+    missing = [k for k in MANIFEST_KEYS if k not in manifest]
+    model = manifest.get("model")
+    if not missing and not (isinstance(model, dict) and isinstance(manifest["files"], dict)):
+        missing = ["model" if not isinstance(model, dict) else "files"]
+    if not missing and not all(k in model for k in ("name", "pretrained", "embed_dim", "probe")):
+        missing = ["model.name / pretrained / embed_dim / probe"]
+    if missing:
+        raise InputError(f"{path}: a broken manifest (missing or malformed {', '.join(missing)})")
     return manifest
 
 
-def load_index(base: Path, manifest: dict[str, Any]):
+def load_index(base: Path):
+    """``(manifest, EmbeddingIndex)`` of the index at ``base``, checked against each other."""
     import attn_clip
 
     try:
-        index = attn_clip.EmbeddingIndex.load(base)
+        manifest, index = attn_clip.load_index_set(base, lambda: read_manifest(base))
     except (FileNotFoundError, ValueError) as e:
         raise InputError(f"unreadable index: {e}") from None
     if index.ids != list(manifest["files"]):
-        raise InputError(f"{manifest_path(base)} does not match {base}.json: rebuild the index")
-    return index
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    from attn_core.hub import atomic_write
-
-    with atomic_write(path, "w") as f:
-        json.dump(obj, f, indent=1, ensure_ascii=False)
+        raise InputError(f"{manifest_path(base)} does not match its embeddings: rebuild the index")
+    if index.dim != manifest["model"]["embed_dim"]:
+        raise InputError(
+            f"{manifest_path(base)} says embed_dim {manifest['model']['embed_dim']} but its "
+            f"embeddings have {index.dim}: rebuild the index"
+        )
+    return manifest, index
 
 
 def shown(root: str, rel: str) -> str:
@@ -215,11 +230,21 @@ def cmd_index(args: argparse.Namespace) -> int:
     base = index_base(args.out)
     if not base.parent.is_dir():
         raise InputError(f"--out: folder {base.parent} does not exist")
+    import attn_clip
+
+    try:
+        with attn_clip.index_lock(base):  # one writer at a time; the lock file goes with it
+            return update_index(args, root, base)
+    except attn_clip.IndexBusyError as e:
+        raise InputError(f"{e}; try again when it has finished") from None
+
+
+def update_index(args: argparse.Namespace, root: Path, base: Path) -> int:
+    """Build (or with --update, bring up to date) the index at ``base`` of ``root``."""
     old = None
     if args.update and manifest_path(base).exists():
-        old = read_manifest(base)
+        old, old_index = load_index(base)
         check_requested_model(args, old["model"], base)
-        old_index = load_index(base, old)
     elif args.update:
         warn(f"no index at {base} yet: building it")
 
@@ -289,7 +314,6 @@ def cmd_index(args: argparse.Namespace) -> int:
         if rel in by_rel:
             emb[i] = by_rel[rel]
     index.add(emb, ids=order)
-    index.save(base)
     manifest = {
         "format": MANIFEST_FORMAT,
         "version": MANIFEST_VERSION,
@@ -298,14 +322,14 @@ def cmd_index(args: argparse.Namespace) -> int:
         "files": {rel: files[rel] for rel in order},
         "skipped": dict(sorted(skipped.items())),
     }
-    write_json_atomic(manifest_path(base), manifest)
+    generation = attn_clip.save_index_set(base, index, manifest, manifest_path(base))
     summary = {"index": str(base), "model": describe(record), "images": len(order), **counts}
     if args.json:
         print(json.dumps(summary))
     else:
         parts = ", ".join(f"{v} {k}" for k, v in counts.items() if v or k in ("added",))
         print(f"indexed {len(order)} images under {root} with {describe(record)} ({parts})")
-        print(f"wrote {base}.safetensors, {base}.json, {manifest_path(base).name}")
+        print(f"wrote {manifest_path(base)} (embeddings: {base.name}.g{generation}.*)")
     return 0
 
 
@@ -348,9 +372,8 @@ def cmd_search(args: argparse.Namespace) -> int:
     queries = [("text", t, None) for t in args.text]
     queries += [("image", p, load_image_file(p)[0]) for p in args.image]
     base = index_base(args.index)
-    manifest = read_manifest(base)
+    manifest, index = load_index(base)
     check_requested_model(args, manifest["model"], base)
-    index = load_index(base, manifest)
     loaded = load_recorded_model(args, manifest["model"])
 
     import torch
@@ -466,9 +489,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     index, manifest, stored = None, None, {}
     if args.index:
         base = index_base(args.index)
-        manifest = read_manifest(base)
+        manifest, index = load_index(base)
         check_requested_model(args, manifest["model"], base)
-        index = load_index(base, manifest)
         root = Path(manifest["root"])
         for row, rel in enumerate(index.ids):  # reuse rows whose file is unchanged
             p, info = root / rel, manifest["files"][rel]

@@ -81,9 +81,22 @@ def built(tmp_path_factory):
     summary = json.loads(proc.stdout)
     assert summary["images"] == 10 and summary["added"] == 10 and summary["skipped"] == 1
     assert "broken.png" in proc.stderr and "Traceback" not in proc.stderr
-    for suffix in (".safetensors", ".json", ".manifest.json"):
-        assert (work / f"shapes.idx{suffix}").is_file()
+    names = sorted(p.name for p in work.iterdir() if p.name.startswith(("shapes.idx", ".")))
+    assert names == ["shapes.idx.g1.json", "shapes.idx.g1.safetensors", "shapes.idx.manifest.json"]
     return work, gallery, work / "shapes.idx"
+
+
+def copy_index(src: Path, dst: Path) -> None:
+    """Copy every file of index ``src`` (``src.*``) to index ``dst``."""
+    for f in src.parent.glob(f"{src.name}.*"):
+        shutil.copy2(f, dst.with_name(dst.name + f.name[len(src.name) :]))
+
+
+def load_embeddings(base: Path):
+    import attn_clip
+
+    manifest = Path(f"{base}.manifest.json")
+    return attn_clip.load_index_set(base, lambda: json.loads(manifest.read_text()))[1]
 
 
 def test_search_text_and_image_with_grid_then_eval(built, tmp_path):
@@ -131,15 +144,13 @@ def test_search_text_and_image_with_grid_then_eval(built, tmp_path):
 def test_update_adds_changes_removes(built, tmp_path):
     """--update on a moved copy: one new, one changed, one deleted and one merely touched
     file; only the new and changed ones are embedded."""
-    import attn_clip
 
     work, gallery, index = built
     copy = tmp_path / "gallery"
     shutil.copytree(gallery, copy)  # keeps the mtimes
     out = tmp_path / "copy.idx"
-    for suffix in (".safetensors", ".json", ".manifest.json"):
-        shutil.copy2(f"{index}{suffix}", f"{out}{suffix}")
-    before = attn_clip.EmbeddingIndex.load(out)
+    copy_index(index, out)
+    before = load_embeddings(out)
 
     new = copy / "squares" / "orange_square_20.png"
     render("orange", "square", "large", "center", 20).save(new)
@@ -155,7 +166,12 @@ def test_update_adds_changes_removes(built, tmp_path):
     summary = json.loads(proc.stdout)
     expected = {"images": 10, "added": 1, "updated": 1, "removed": 1, "unchanged": 8}
     assert {k: summary[k] for k in expected} == expected and summary["skipped"] == 1, summary
-    after = attn_clip.EmbeddingIndex.load(out)
+    after = load_embeddings(out)
+    assert sorted(p.name for p in tmp_path.glob("copy.idx*")) == [
+        "copy.idx.g2.json",
+        "copy.idx.g2.safetensors",
+        "copy.idx.manifest.json",
+    ]  # the old generation removed, no lock or temporary file left
     old_rows = dict(zip(before.ids, before.embeddings, strict=True))
     new_rows = dict(zip(after.ids, after.embeddings, strict=True))
     assert rel_name(*GALLERY[8]) not in new_rows and "squares/orange_square_20.png" in new_rows
@@ -188,10 +204,9 @@ def test_corrupt_index_in_process(built, tmp_path, capsys, monkeypatch):
     loaded (main() called directly: torch is imported already)."""
     work, gallery, index = built
     broken = tmp_path / "broken.idx"
-    for suffix in (".json", ".manifest.json"):
-        shutil.copy2(f"{index}{suffix}", f"{broken}{suffix}")
-    data = Path(f"{index}.safetensors").read_bytes()
-    Path(f"{broken}.safetensors").write_bytes(data[: len(data) // 2])
+    copy_index(index, broken)
+    data = Path(f"{index}.g1.safetensors").read_bytes()
+    Path(f"{broken}.g1.safetensors").write_bytes(data[: len(data) // 2])
     monkeypatch.syspath_prepend(str(ROOT / "apps"))  # as when run as a script
     spec = importlib.util.spec_from_file_location("retrieval_app", APP)
     app = importlib.util.module_from_spec(spec)

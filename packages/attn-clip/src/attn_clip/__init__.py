@@ -27,6 +27,7 @@ _EXPORTS = {
         "input_box",
         "save_explanation",
     ],
+    "init": ["init_vision_like_open_clip"],
     "factory": [
         "create_model",
         "create_model_and_transforms",
@@ -44,7 +45,15 @@ _EXPORTS = {
         "list_pretrained",
         "list_pretrained_tags",
     ],
-    "retrieval": ["EmbeddingIndex", "SearchResult", "retrieval_metrics"],
+    "retrieval": [
+        "EmbeddingIndex",
+        "IndexBusyError",
+        "SearchResult",
+        "index_lock",
+        "load_index_set",
+        "retrieval_metrics",
+        "save_index_set",
+    ],
     "text": ["TextTransformer"],
     "tokenizer": ["Tokenizer", "get_tokenizer"],
     "transforms": ["image_transform"],
@@ -93,6 +102,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
         save_explanation,
     )
     from .factory import create_model, create_model_and_transforms, load_checkpoint, save_pretrained
+    from .init import init_vision_like_open_clip
     from .loss import ClipLoss, SigLipLoss
     from .model import CLIP, CLIPOutput
     from .pretrained import Checkpoint, read_checkpoint
@@ -104,7 +114,15 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
         list_pretrained,
         list_pretrained_tags,
     )
-    from .retrieval import EmbeddingIndex, SearchResult, retrieval_metrics
+    from .retrieval import (
+        EmbeddingIndex,
+        IndexBusyError,
+        SearchResult,
+        index_lock,
+        load_index_set,
+        retrieval_metrics,
+        save_index_set,
+    )
     from .text import TextTransformer
     from .tokenizer import Tokenizer, get_tokenizer
     from .transforms import image_transform

@@ -12,11 +12,14 @@ ids and a SHA-256 of the tensor file, so a corrupt or truncated index is detecte
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import hashlib
 import importlib.util
 import json
 import os
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +27,15 @@ import torch
 import torch.nn.functional as F
 from attn_core import hub
 
-__all__ = ["EmbeddingIndex", "SearchResult", "retrieval_metrics"]
+__all__ = [
+    "EmbeddingIndex",
+    "IndexBusyError",
+    "SearchResult",
+    "index_lock",
+    "load_index_set",
+    "retrieval_metrics",
+    "save_index_set",
+]
 
 FORMAT = "attn_clip.EmbeddingIndex"
 VERSION = 1
@@ -211,9 +222,116 @@ class EmbeddingIndex:
                 f"embedding index {tensor_path} does not match its sidecar: tensor "
                 f"{tuple(emb.shape)}, sidecar count={count} dim={dim} ids={len(ids or [])}"
             )
+        _check_embeddings(emb, tensor_path)
         index = cls(dim)
         index._chunks, index.ids = [emb.float()], [str(i) for i in ids]
         return index
+
+
+def _check_embeddings(emb: torch.Tensor, path: Path) -> None:
+    """Stored embeddings must be finite, floating point and L2-normalized (a file that
+    passes its checksum can still hold anything)."""
+    if not emb.is_floating_point():
+        raise ValueError(f"embedding index {path} holds {emb.dtype} embeddings, not floats")
+    if not bool(torch.isfinite(emb).all()):
+        raise ValueError(f"embedding index {path} holds NaN or infinite embeddings")
+    norms = emb.float().norm(dim=-1)
+    if emb.shape[0] and not bool(((norms - 1).abs() < 1e-3).all()):
+        raise ValueError(
+            f"embedding index {path} holds embeddings that are not L2-normalized (norms "
+            f"{norms.min().item():.4g} .. {norms.max().item():.4g})"
+        )
+
+
+# -- an index on disk, replaced as a set ------------------------------------------------------
+
+
+def _generation_base(base: Path, generation: int | None) -> Path:
+    """Where generation ``generation`` keeps its EmbeddingIndex files (None: ``base``)."""
+    return base if generation is None else base.with_name(f"{base.name}.g{generation}")
+
+
+def _generations_on_disk(base: Path) -> set[int]:
+    pattern = re.compile(re.escape(base.name) + r"\.g(\d+)\.(?:safetensors|json)$")
+    found = (pattern.match(p.name) for p in base.parent.iterdir())
+    return {int(m[1]) for m in found if m}
+
+
+class IndexBusyError(RuntimeError):
+    """Another process holds the index's lock (it is being updated)."""
+
+
+@contextlib.contextmanager
+def index_lock(base: str | os.PathLike):
+    """Hold ``<base>.lock`` (an exclusive ``flock``) for the body; raise
+    :class:`IndexBusyError` naming the holder's PID if another process has it. The lock file
+    exists only while it is held."""
+    import fcntl
+
+    path = Path(f"{base}.lock")
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise IndexBusyError(f"index {base} is being updated by PID {holder}") from None
+        try:  # the file we locked may have been removed by the previous holder: retry
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        path.unlink(missing_ok=True)  # still ours: removed before the lock is released
+        os.close(fd)
+
+
+def save_index_set(
+    base: str | os.PathLike, index: EmbeddingIndex, manifest: dict, manifest_path: Path
+) -> int:
+    """Write ``index`` and ``manifest`` as one new generation, switched in atomically.
+
+    The embeddings go to ``<base>.g<N>.safetensors`` / ``.json`` (a generation no manifest
+    names yet); then ``manifest`` (with ``"generation": N``) replaces ``manifest_path`` in
+    one rename -- the switch; then older generations and temporary files of earlier crashed
+    runs are removed. Killed at any point, the index on disk is the old one or the new one.
+    Call it holding :func:`index_lock`. Returns ``N``.
+    """
+    base = Path(base)
+    generation = max(_generations_on_disk(base), default=0) + 1
+    index.save(_generation_base(base, generation))
+    with hub.atomic_write(manifest_path, "w") as f:
+        json.dump({**manifest, "generation": generation}, f, indent=1, ensure_ascii=False)
+    stale = [_generation_base(base, g) for g in _generations_on_disk(base) - {generation}]
+    for old in [base, *stale]:  # older generations, and the unversioned files of version 1
+        for path in _paths(old):
+            path.unlink(missing_ok=True)
+    for tmp in base.parent.glob(f".{glob.escape(base.name)}*.tmp"):  # left by a kill -9
+        tmp.unlink(missing_ok=True)
+    return generation
+
+
+def load_index_set(
+    base: str | os.PathLike, read_manifest: Callable[[], dict]
+) -> tuple[dict, EmbeddingIndex]:
+    """``(manifest, index)`` of the generation the manifest names (written by
+    :func:`save_index_set`; a manifest without ``generation`` names ``<base>`` itself).
+    Read again once if a concurrent update switched generations in between."""
+    base = Path(base)
+    manifest = read_manifest()
+    for _ in range(2):
+        try:
+            return manifest, EmbeddingIndex.load(_generation_base(base, manifest.get("generation")))
+        except FileNotFoundError:
+            manifest = read_manifest()  # switched (and the old files removed) meanwhile
+    return manifest, EmbeddingIndex.load(_generation_base(base, manifest.get("generation")))
 
 
 @torch.no_grad()
