@@ -3,14 +3,17 @@ robust image reading, and building the model a user names on the command line.""
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import io
 import os
 import sys
+import unicodedata
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -27,9 +30,64 @@ class InputError(ValueError):
     """Bad user input: reported as one line on stderr with exit code 2."""
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """--help keeps the docstring's layout and shows each option's default (those that are
+    not None / False and not already named in the help text)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if default in (None, False, [], argparse.SUPPRESS) or "default" in text:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def fail(message: str) -> int:
     print(f"error: {' '.join(str(message).split())}", file=sys.stderr)  # always one line
     return 2
+
+
+def run(main: Callable[[], int]) -> NoReturn:
+    """``sys.exit(main())``, with Ctrl-C as one line on stderr and exit code 130."""
+    try:
+        code = main()
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        code = 130
+    sys.exit(code)
+
+
+def for_cli(message: str) -> str:
+    """A library message in the words of the command line (``--pretrained PATH``)."""
+    return (
+        str(message)
+        .replace("(pretrained=<path>)", "(--pretrained PATH)")
+        .replace("pretrained=<path>", "--pretrained PATH")
+        .replace("see attn_clip.list_models()", "see --list-models")
+    )
+
+
+def display_width(text: str) -> int:
+    """Terminal columns of ``text``: East Asian wide / full-width characters take two."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
+def pad(text: str, width: int) -> str:
+    """``text`` left-aligned in ``width`` terminal columns."""
+    return text + " " * max(0, width - display_width(text))
+
+
+def list_models_and_exit() -> int:
+    """--list-models: every model name and its pretrained tags, one per line."""
+    import attn_clip
+
+    tags: dict[str, list[str]] = {}
+    for item in attn_clip.list_models(pretrained=True):
+        name, _, tag = item.partition(":")
+        tags.setdefault(name, []).append(tag)
+    for name in attn_clip.list_models():
+        print(f"{name}: {', '.join(tags.get(name, [])) or '(no pretrained tags)'}")
+    return 0
 
 
 def warn(message: str) -> None:
@@ -64,6 +122,8 @@ def to_rgb(img: Image.Image) -> Image.Image:
 
 
 MAX_FILE_BYTES = 1 << 30  # larger "images" are refused before reading them
+MAX_SIDE = 1 << 15  # pixels per side; checked from the header, before decoding
+MAX_ASPECT = 100  # longer side / shorter side
 
 
 def load_image_file(path: str | os.PathLike) -> tuple[Image.Image, str]:
@@ -86,6 +146,7 @@ def load_image_file(path: str | os.PathLike) -> tuple[Image.Image, str]:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(io.BytesIO(data)) as img:
+                _check_geometry(img.size)  # from the header: nothing decoded yet
                 img.load()
                 img = to_rgb(ImageOps.exif_transpose(img))
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
@@ -98,6 +159,14 @@ def load_image_file(path: str | os.PathLike) -> tuple[Image.Image, str]:
         what = "truncated image" if "truncated" in str(e) else "corrupt image"
         raise InputError(f"{path}: {what} ({type(e).__name__}: {e})") from None
     return img, hashlib.sha256(data).hexdigest()
+
+
+def _check_geometry(size: tuple[int, int]) -> None:
+    w, h = size
+    if max(w, h) > MAX_SIDE:
+        raise InputError(f"refusing a {w}x{h} image: sides above {MAX_SIDE} pixels")
+    if min(w, h) == 0 or max(w, h) / min(w, h) > MAX_ASPECT:
+        raise InputError(f"refusing a {w}x{h} image: aspect ratio above {MAX_ASPECT}:1")
 
 
 def open_image(path: str | os.PathLike) -> Image.Image:
@@ -125,11 +194,18 @@ def iter_images(paths: list[Path], workers: int = 4):
             yield from pool.map(load, paths[start : start + window])
 
 
+def check_folder(root: Path) -> None:
+    """InputError unless ``root`` is a folder (a file there gets its own message)."""
+    if root.is_file():
+        raise InputError(f"{root} is a file, not a folder of images (use --image for one file)")
+    if not root.is_dir():
+        raise InputError(f"image folder not found: {root}")
+
+
 def find_images(root: str | os.PathLike) -> list[Path]:
     """Every file with an image extension under ``root`` (recursive, sorted, no hidden dirs)."""
     root = Path(root)
-    if not root.is_dir():
-        raise InputError(f"image folder not found: {root}")
+    check_folder(root)
     found = []
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
@@ -229,13 +305,13 @@ def load_model(
         )
     except WeightsUnavailableError as e:
         raise InputError(
-            f"weights not available: {e} Or run offline with the bundled model: "
+            f"weights not available: {for_cli(e)} Or run offline with the bundled model: "
             f"--model {DEMO_MODEL} (or --pretrained PATH to a downloaded checkpoint)."
         ) from None
     except WeightsError as e:  # unreadable, unsafe or not fitting the model
-        raise InputError(f"cannot load model {name!r}: {e}") from None
+        raise InputError(f"cannot load model {name!r}: {for_cli(e)}") from None
     except (ValueError, KeyError, TypeError, OSError, RuntimeError) as e:
-        msg = str(e).strip("'\"")
+        msg = for_cli(str(e).strip("'\""))
         raise InputError(msg if name in msg or "unknown" in msg else f"{name}: {msg}") from None
     label = pretrained if isinstance(pretrained, str) else None
     if label is None and isinstance(weights, str):

@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(available_backends()),
         help="comma-separated backends to compare (default: all importable here)",
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="random seed of the inputs")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
     if args.seq_len < 1 or args.heads < 1:
@@ -179,4 +179,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from _common import run
+
+    run(main)

@@ -31,20 +31,23 @@ import hashlib
 import itertools
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 from _common import (  # the image / model helpers shared with apps/zero_shot.py
     PRECISIONS,
+    HelpFormatter,
     InputError,
     LoadedModel,
+    check_folder,
     fail,
     find_images,
     iter_images,
+    list_models_and_exit,
     load_image_file,
     load_model,
     resolve_model_args,
+    run,
     warn,
 )
 
@@ -154,7 +157,8 @@ def check_requested_model(args: argparse.Namespace, recorded: dict[str, Any], ba
     if args.pretrained is None:
         pretrained = recorded["pretrained"]  # only --model given: its recorded weights
     if (name, pretrained) != (recorded["name"], recorded["pretrained"]):
-        asked = name + (f" ({pretrained})" if pretrained else "")
+        only_model = args.pretrained is None  # then the recorded tag is not what was asked
+        asked = name + (f" ({pretrained})" if pretrained and not only_model else "")
         raise InputError(
             f"{base} was built with {describe(recorded)}, not {asked}: its embeddings only "
             "make sense with that model; drop --model / --pretrained, or rebuild the index"
@@ -224,8 +228,7 @@ def embed_texts(loaded: LoadedModel, texts: list[str], batch_size: int):
 
 def cmd_index(args: argparse.Namespace) -> int:
     root = Path(args.dir)
-    if not root.is_dir():
-        raise InputError(f"image folder not found: {root}")
+    check_folder(root)
     root = root.resolve()
     base = index_base(args.out)
     if not base.parent.is_dir():
@@ -546,31 +549,39 @@ def _record_name(loaded: LoadedModel) -> dict[str, Any]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     model = argparse.ArgumentParser(add_help=False)
     g = model.add_argument_group("model")
-    g.add_argument("--model", help="architecture, hf-hub:ID, folder or demo-shapes")
-    g.add_argument("--pretrained", help="tag, or checkpoint file / folder")
+    g.add_argument(
+        "--model", help="architecture, hf-hub:ID, folder or demo-shapes (default: ViT-B-32)"
+    )
+    g.add_argument("--pretrained", help="tag, or checkpoint file / folder (default: openai)")
     g.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
-    g.add_argument("--precision", choices=PRECISIONS, default="fp32")
-    g.add_argument("--batch-size", type=int, default=32)
+    g.add_argument("--precision", choices=PRECISIONS, default="fp32", help="weight precision")
+    g.add_argument("--batch-size", type=int, default=32, help="images per forward pass")
     g.add_argument("--workers", type=int, default=4, help="image decoding threads")
     g.add_argument("--json", action="store_true", help="machine-readable output")
 
     p = argparse.ArgumentParser(
         description=__doc__.split("\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="\n".join(__doc__.split("\n")[1:8]),
+        formatter_class=HelpFormatter,
+        epilog="examples:\n" + "\n".join(__doc__.split("\n")[2:8]),
     )
-    sub = p.add_subparsers(dest="command", required=True)
-    ix = sub.add_parser("index", parents=[model], help="embed every image under a folder")
+    p.add_argument(
+        "--list-models", action="store_true", help="list every model name and its tags, then exit"
+    )
+    sub = p.add_subparsers(dest="command")
+    fmt = {"formatter_class": HelpFormatter}
+    ix = sub.add_parser("index", parents=[model], help="embed every image under a folder", **fmt)
     ix.add_argument("dir", help="folder of images (searched recursively)")
     ix.add_argument("--out", required=True, metavar="INDEX", help="index path (no extension)")
     ix.add_argument("--update", action="store_true", help="embed only new or changed files")
-    se = sub.add_parser("search", parents=[model], help="find images for a text or an image")
-    se.add_argument("index", metavar="INDEX")
-    se.add_argument("--text", action="append", default=[], help="repeatable")
-    se.add_argument("--image", action="append", default=[], metavar="PATH", help="repeatable")
-    se.add_argument("--top-k", type=int, default=10)
+    se = sub.add_parser("search", parents=[model], help="find images for a text or an image", **fmt)
+    se.add_argument("index", metavar="INDEX", help="the index (its --out path)")
+    se.add_argument("--text", action="append", default=[], help="a text query, repeatable")
+    se.add_argument(
+        "--image", action="append", default=[], metavar="PATH", help="an image query, repeatable"
+    )
+    se.add_argument("--top-k", type=int, default=10, help="hits per query")
     se.add_argument("--grid", metavar="OUT.png", help="save a contact sheet of the hits")
-    ev = sub.add_parser("eval", parents=[model], help="recall@1/5/10 on a captions CSV")
+    ev = sub.add_parser("eval", parents=[model], help="recall@1/5/10 on a captions CSV", **fmt)
     ev.add_argument("--csv", required=True, help="columns filepath,title (or image,caption)")
     ev.add_argument("--root", help="folder the CSV's image paths are relative to")
     ev.add_argument("--sep", help="CSV separator (default: tab if the header has one, else ,)")
@@ -580,6 +591,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.list_models:
+        return list_models_and_exit()
+    if args.command is None:
+        return fail("a command is needed: index, search or eval (see --help)")
     if args.batch_size < 1 or args.workers < 0:
         return fail("--batch-size must be >= 1 and --workers >= 0")
     commands = {"index": cmd_index, "search": cmd_search, "eval": cmd_eval}
@@ -590,4 +605,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -5,7 +5,8 @@
     echo "Good morning" | uv run apps/translate.py --model PATH --beams 1 --json
 
 Texts come from the arguments, else one per line from stdin. Bad input (empty text, unknown
-model, unreadable checkpoint) prints one line on stderr and exits with code 2.
+model, unreadable, unsafe or mismatched checkpoint, no such --device, weights not available
+offline) prints one line on stderr and exits with code 2; Ctrl-C exits with 130.
 """
 
 from __future__ import annotations
@@ -16,24 +17,25 @@ import sys
 import time
 import warnings
 
+from _common import HelpFormatter, InputError, fail, for_cli, pick_device, run
+
 DEFAULT_MODEL = "Helsinki-NLP/opus-mt-en-zh"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0],
+        formatter_class=HelpFormatter,
+        epilog="examples:\n" + "\n".join(__doc__.split("\n")[2:5]),
+    )
     p.add_argument("texts", nargs="*", help="texts to translate (default: lines of stdin)")
     p.add_argument("--model", default=DEFAULT_MODEL, help="Hub repo id or checkpoint directory")
     p.add_argument("--beams", type=int, default=4, help="beam size (1 = greedy)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default: the checkpoint's")
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--batch-size", type=int, default=16, help="texts per batch")
     p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p.parse_args(argv)
-
-
-def fail(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,16 +49,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.beams < 1:
         return fail(f"--beams must be >= 1, got {args.beams}")
 
-    import torch
     from attn_core.hub import WeightsError
     from attn_nlp import Translator
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     start = time.perf_counter()
     try:
+        device = pick_device(args.device)
         translator = Translator.from_pretrained(args.model, device=device)
-    except (WeightsError, OSError, ValueError, TypeError) as e:
+    except InputError as e:
         return fail(str(e))
+    except (WeightsError, OSError, ValueError, TypeError, RuntimeError) as e:
+        msg = for_cli(e)
+        return fail(msg if args.model in msg else f"cannot load {args.model}: {msg}")
     loaded = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -78,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         result = {
             "model": args.model,
             "beams": args.beams,
-            "device": device,
+            "device": str(device),
             "load_seconds": round(loaded - start, 3),
             "translate_seconds": round(done - loaded, 3),
             "translations": [
@@ -93,4 +97,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -34,13 +34,18 @@ from _common import (  # the helpers shared with apps/retrieval.py
     DEMO_MODEL,
     IMAGE_EXTENSIONS,
     PRECISIONS,
+    HelpFormatter,
     InputError,
     LoadedModel,
+    display_width,
     fail,
     find_images,
     iter_images,
+    list_models_and_exit,
     load_model,
     open_image,
+    pad,
+    run,
     warn,
 )
 
@@ -152,11 +157,13 @@ def build_classifier(loaded: LoadedModel, labels: list[str], templates: list, ca
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="\n".join(__doc__.split("\n")[1:6]),
+        formatter_class=HelpFormatter,
+        epilog="examples:\n" + "\n".join(__doc__.split("\n")[2:7]),
     )
     src = p.add_argument_group("images")
-    src.add_argument("--image", action="append", default=[], metavar="PATH", help="repeatable")
+    src.add_argument(
+        "--image", action="append", default=[], metavar="PATH", help="an image file, repeatable"
+    )
     src.add_argument("--images", metavar="DIR", help="every image under DIR (recursive)")
     lab = p.add_argument_group("labels")
     lab.add_argument("--labels", nargs="+", metavar="LABEL", help='e.g. cat dog "a red car"')
@@ -168,17 +175,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--template",
         action="append",
         metavar="T",
-        help=f'prompt template, repeatable (default "{DEFAULT_TEMPLATE}")',
+        help=f'prompt template with {{}} for the label, repeatable (default "{DEFAULT_TEMPLATE}")',
     )
     out = p.add_argument_group("output")
-    out.add_argument("--top-k", type=int, default=5, help="labels shown per image (default 5)")
+    out.add_argument("--top-k", type=int, default=5, help="labels shown per image")
     out.add_argument("--json", action="store_true", help="one JSON object per image (JSON lines)")
     out.add_argument(
         "--explain",
         metavar="OUT.png",
         help="save a heatmap of the top label over the image (a folder for several images)",
     )
-    out.add_argument("--explain-method", choices=("relevancy", "rollout"), default="relevancy")
+    out.add_argument(
+        "--explain-method",
+        choices=("relevancy", "rollout"),
+        default="relevancy",
+        help="gradient-weighted relevancy (Chefer et al.) or attention rollout",
+    )
     mod = p.add_argument_group("model")
     mod.add_argument(
         "--model",
@@ -189,8 +201,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"tag (default {DEFAULT_PRETRAINED} for {DEFAULT_MODEL}) or checkpoint file / folder",
     )
     mod.add_argument("--device", help="cpu, cuda, cuda:1, mps (default: cuda if available)")
-    mod.add_argument("--precision", choices=PRECISIONS, default="fp32")
-    mod.add_argument("--batch-size", type=int, default=32)
+    mod.add_argument("--precision", choices=PRECISIONS, default="fp32", help="weight precision")
+    mod.add_argument("--batch-size", type=int, default=32, help="images per forward pass")
+    mod.add_argument(
+        "--list-models", action="store_true", help="list every model name and its tags, then exit"
+    )
     mod.add_argument(
         "--no-cache", action="store_true", help="do not cache the --imagenet classifier"
     )
@@ -225,16 +240,34 @@ def explain_names(paths: list[Path], root: Path | None) -> dict[Path, str]:
 
 
 def _print_table(path: str, labels: list[str], probs, top: list[int]) -> None:
-    width = max(5, *(len(labels[i]) for i in top))
+    width = max(5, *(display_width(labels[i]) for i in top))
     print(path)
-    print(f"  {'#':>2}  {'label':<{width}}  {'prob':>7}")
+    print(f"  {'#':>2}  {pad('label', width)}  {'prob':>7}")
     for rank, i in enumerate(top, 1):
-        print(f"  {rank:>2}  {labels[i]:<{width}}  {100 * float(probs[i]):>6.2f}%")
+        print(f"  {rank:>2}  {pad(labels[i], width)}  {100 * float(probs[i]):>6.2f}%")
     print()
+
+
+def warn_truncated(loaded: LoadedModel, labels: list[str], templates: list) -> None:
+    """Name the labels whose prompts do not fit the text context (they would be cut, and
+    two labels that differ only after the cut would get the same score)."""
+    tokenizer = loaded.tokenizer
+    if not hasattr(tokenizer, "encode"):
+        return
+    room = tokenizer.context_length - 2  # start and end of text
+    for label in labels:
+        longest = max(len(tokenizer.encode(_template_text(t).format(label))) for t in templates)
+        if longest > room:
+            warn(
+                f"label {label!r} is {longest} tokens in its prompt, longer than the text "
+                f"context ({room}); the end is cut off"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.list_models:
+        return list_models_and_exit()
     try:
         _check_args(args)
         labels = read_labels(args)
@@ -258,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         loaded = load_model(args.model, args.pretrained, args.device, args.precision)
     except InputError as e:
         return fail(str(e))
+    if not args.imagenet:  # the ImageNet class names all fit
+        warn_truncated(loaded, labels, templates)
 
     import attn_clip
     import torch
@@ -334,4 +369,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -173,7 +173,9 @@ def get_model_config(name: str) -> CLIPConfig:
         raise ValueError(
             f"model {name!r} cannot be built by attn_clip: {table['unsupported'][name]}"
         )
-    close = difflib.get_close_matches(name, list_models(), n=5)
+    names = list_models()
+    lower = {n.lower(): n for n in names}  # "vit-b-32" means ViT-B-32 before ViT-S-32
+    close = [lower[m] for m in difflib.get_close_matches(name.lower(), list(lower), n=5)]
     hint = f"; did you mean {close}?" if close else "; see attn_clip.list_models()"
     raise ValueError(f"unknown model {name!r}{hint}")
 
