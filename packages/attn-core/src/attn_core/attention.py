@@ -18,6 +18,21 @@ sdpa; math when weights are needed). A backend that was *forced* -- by argument,
 ``use_backend(name)`` or by the ``ATTN_CORE_BACKEND`` environment variable -- and
 cannot serve a call raises :class:`AttentionBackendError` instead of falling back.
 ``last_backend()`` tells which one ran last; a DEBUG log line says the same.
+
+Edge cases, the same on every backend:
+
+* A query row with every key masked returns zeros (and zero, finite gradients).
+* Empty inputs need no kernel: ``Lq == 0`` gives an empty ``(B, H, 0, Dv)`` output,
+  ``Lk == 0`` gives zeros ``(B, H, Lq, Dv)`` (every query is fully masked); weights are
+  empty ``(B, H, Lq, Lk)``. A forced backend still checks that it could serve the call.
+* Padding keys are never read: a key that is padding in ``key_padding_mask`` (bool True
+  or float ``-inf``), or that an attn_mask with one query row (shape ``(..., 1, Lk)``,
+  which is every mask when ``Lq == 1``) blocks for every head, has its key and value
+  replaced by zeros before the kernel. NaN / inf stored there reaches neither the output
+  nor the gradients of q, k, v (its own gradient is zero). Keys blocked by a full
+  ``(Lq, Lk)`` attn_mask are read as usual (a NaN value there gives NaN, as ``0 * NaN``),
+  even where every query blocks them: pass those as a ``key_padding_mask``.
+* The math backend computes float16 / bfloat16 inputs in float32 and casts back.
 """
 
 from __future__ import annotations
@@ -208,6 +223,99 @@ def _flex(q, k, v, mask, is_causal, scale):
         )
 
 
+def _empty_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``Lq == 0`` or ``Lk == 0``: empty output, or zeros ``(B, H, Lq, Dv)`` when ``Lk == 0``;
+    empty ``(B, H, Lq, Lk)`` weights. Gradients (zeros) reach q, k and v."""
+    H, Hkv = q.shape[1], k.shape[1]
+    if Hkv != H:
+        k = k.repeat_interleave(H // Hkv, dim=1)
+        v = v.repeat_interleave(H // Hkv, dim=1)
+    return scaled_dot_product_attention(q, k, v, scale=scale)
+
+
+def _padding_keys(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Keys blocked for every head by a one-query-row attn_mask ``(b, h, 1, Lk)``:
+    ``(b, Lk)``, True = padding. Float masks are read as ``dtype`` (as the kernels see them)."""
+    if mask.is_floating_point():
+        return torch.isneginf(mask.to(dtype)).all(1)[:, 0]
+    return ~mask.any(1)[:, 0]
+
+
+def _zero_keys(
+    k: torch.Tensor, v: torch.Tensor, padding: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Replace the keys and values at ``padding`` ``(b, Lk)`` (True = padding) by zeros.
+
+    Padding often holds garbage, and a NaN there would reach the output even though its
+    weight is 0: through its score on kernels that add the mask to the scores, and as
+    ``0 * NaN`` in the weighted sum on all of them. ``torch.where`` (not a product) drops it.
+    """
+    # On CPU, checking is free (no device sync) and saves copying k and v.
+    if padding.device.type == "cpu" and not torch.compiler.is_compiling() and not padding.any():
+        return k, v
+    padding = padding[:, None, :, None]  # (b, 1, Lk, 1): broadcasts over heads and D
+    return torch.where(padding, 0.0, k), torch.where(padding, 0.0, v)
+
+
+def _let_dead_rows_attend(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Open the query rows whose every key is masked; return ``(mask, dead)``.
+
+    The dead rows then attend everywhere (finite maths on every backend) and the caller
+    zeroes their output, so it is 0 and its gradients are 0. ``dead`` ``(b, h, Lq, 1)``,
+    or ``None`` when there is no dead row (known for free on CPU only).
+    """
+    if mask.is_floating_point():
+        dead = torch.isneginf(mask).all(-1, keepdim=True)
+    else:
+        dead = ~mask.any(-1, keepdim=True)
+    # On CPU, checking is free (no device sync) and saves two passes over the output.
+    if dead.device.type == "cpu" and not torch.compiler.is_compiling() and not dead.any():
+        return mask, None
+    if mask.is_floating_point():
+        return mask.masked_fill(dead, 0.0), dead
+    return mask | dead, dead
+
+
+def _run(
+    name: str,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    sdpa_causal: bool,
+    native_causal: bool,
+    dropout_p: float,
+    scale: float | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Call backend ``name``; ``(output (B, H, Lq, Dv), weights (B, H, Lq, Lk) or None)``."""
+    H, Hkv = q.shape[1], k.shape[1]
+    if name == "math":
+        if Hkv != H:
+            k = k.repeat_interleave(H // Hkv, dim=1)
+            v = v.repeat_interleave(H // Hkv, dim=1)
+        return scaled_dot_product_attention(
+            q, k, v, mask, dropout_p=dropout_p, is_causal=sdpa_causal, scale=scale
+        )
+    if name == "sdpa":
+        out = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            dropout_p=dropout_p,
+            is_causal=sdpa_causal,
+            scale=scale,
+            enable_gqa=Hkv != H,
+        )
+    elif name == "flash_attn":
+        out = _flash(q, k, v, native_causal, dropout_p, scale)
+    else:
+        out = _flex(q, k, v, None if native_causal else mask, native_causal, scale)
+    return out, None
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -238,7 +346,9 @@ def attention(
 
     Returns:
         ``(B, H, Lq, Dv)`` output, or ``(output, weights)`` when ``need_weights``.
-        Queries whose keys are all masked get zeros (finite gradients), never NaN.
+        Queries whose keys are all masked (all of them when ``Lk == 0``) get zeros
+        (finite gradients), never NaN; padding keys are zeroed before the kernel, so NaN
+        stored there never reaches the output (see the module docstring).
     """
     global _last
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
@@ -260,13 +370,18 @@ def attention(
 
     forced = _check_name(backend) if backend is not None else _forced.get()
 
-    # Fold key padding and (non-square) causality into one mask in the attn_mask convention.
-    mask = None
+    # Fold key padding and (non-square) causality into one mask in the attn_mask convention,
+    # and note the padding keys (blocked for every query): their k and v get zeroed.
+    mask = padding = None
     if attn_mask is not None:
         mask = validate_attn_mask(attn_mask, B, H, Lq, Lk)
+        if mask.shape[2] == 1:  # one query row (or Lq == 1): a padding mask in disguise
+            padding = _padding_keys(mask, q.dtype)
     if key_padding_mask is not None:
         kpm = validate_key_padding_mask(key_padding_mask, B, Lk)
         mask = combine_masks(mask, expand_key_padding_mask(kpm))
+        pad = kpm if kpm.dtype == torch.bool else torch.isneginf(kpm.to(q.dtype))
+        padding = pad if padding is None else padding | pad
     user_mask = mask is not None
     native_causal = is_causal and not user_mask  # flash_attn/flex: bottom-right causal built in
     if is_causal and (mask is not None or Lq != Lk):
@@ -291,51 +406,24 @@ def attention(
     else:
         name = "sdpa"
 
-    # A query row with every key masked: let it attend everywhere (finite maths on every
-    # backend), then zero its output below, so its output is 0 and its gradients are 0.
-    dead = None
-    if mask is not None:
-        if mask.is_floating_point():
-            mask = mask.to(q.dtype)
-            dead = torch.isneginf(mask).all(-1, keepdim=True)
-        else:
-            dead = ~mask.any(-1, keepdim=True)
-        # On CPU, checking is free (no device sync) and saves two passes over the output.
-        if dead.device.type == "cpu" and not torch.compiler.is_compiling() and not dead.any():
-            dead = None
-        elif mask.is_floating_point():
-            mask = mask.masked_fill(dead, 0.0)
-        else:
-            mask = mask | dead
-
-    weights = None
-    if name == "math":
-        if Hkv != H:
-            k = k.repeat_interleave(H // Hkv, dim=1)
-            v = v.repeat_interleave(H // Hkv, dim=1)
-        out, weights = scaled_dot_product_attention(
-            q, k, v, mask, dropout_p=dropout_p, is_causal=sdpa_causal, scale=scale
-        )
-    elif name == "sdpa":
-        out = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=mask,
-            dropout_p=dropout_p,
-            is_causal=sdpa_causal,
-            scale=scale,
-            enable_gqa=Hkv != H,
-        )
-    elif name == "flash_attn":
-        out = _flash(q, k, v, native_causal, dropout_p, scale)
+    if Lq == 0 or Lk == 0:
+        # No (query, key) pair to compute. Every backend returns the math formula's result
+        # on the empty tensors (it keeps the autograd graph): Lk == 0 leaves every query
+        # fully masked, and the empty weighted sum gives it zeros, as the rule asks.
+        out, weights = _empty_attention(q, k, v, scale)
     else:
-        out = _flex(q, k, v, None if native_causal else mask, native_causal, scale)
-
-    if dead is not None:
-        out = out.masked_fill(dead, 0.0)
-        if weights is not None:
-            weights = weights.masked_fill(dead, 0.0)
+        if padding is not None:
+            k, v = _zero_keys(k, v, padding)
+        dead = None
+        if mask is not None:
+            if mask.is_floating_point():
+                mask = mask.to(q.dtype)
+            mask, dead = _let_dead_rows_attend(mask)
+        out, weights = _run(name, q, k, v, mask, sdpa_causal, native_causal, dropout_p, scale)
+        if dead is not None:
+            out = out.masked_fill(dead, 0.0)
+            if weights is not None:
+                weights = weights.masked_fill(dead, 0.0)
     if not torch.compiler.is_compiling():  # bookkeeping stays out of compiled graphs
         _last = name
         if logger.isEnabledFor(logging.DEBUG):

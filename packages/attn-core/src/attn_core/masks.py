@@ -9,6 +9,12 @@ Convention (the same as PyTorch's own functions):
   (as in ``nn.MultiheadAttention``); a float one is additive.
 
 Note the two bool conventions point in opposite directions, exactly as in PyTorch.
+
+What :func:`attn_core.attention` guarantees for masked positions, on every backend: a
+query row with every key masked returns zeros; a padding key (``key_padding_mask``, or an
+``attn_mask`` with a single query row, ``(..., 1, Lk)``, that blocks it for every head) is
+replaced by zeros before the kernel, so NaN / inf stored there never reaches the output.
+A key blocked only by a full ``(Lq, Lk)`` ``attn_mask`` is still read.
 ``padding_mask`` builds a key-padding mask; every other builder here returns an
 attention ("may attend") mask.
 

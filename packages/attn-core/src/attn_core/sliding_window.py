@@ -113,6 +113,8 @@ def sliding_window_attention(
     if global_tokens < 0:
         raise ValueError(f"global_tokens must be >= 0, got {global_tokens}")
     B, H, L, D = q.shape
+    if L == 0:  # nothing to chunk: attention() returns the empty output
+        return attention(q, k, v, scale=scale, backend=backend)
     g = min(global_tokens, L)
     if H % k.shape[1] or k.shape[1] != v.shape[1]:
         raise ValueError(f"query heads ({H}) must be a multiple of key/value heads ({k.shape[1]})")
