@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import io
+import math
 import os
 import sys
 import unicodedata
@@ -124,13 +125,16 @@ def to_rgb(img: Image.Image) -> Image.Image:
 MAX_FILE_BYTES = 1 << 30  # larger "images" are refused before reading them
 MAX_SIDE = 1 << 15  # pixels per side; checked from the header, before decoding
 MAX_ASPECT = 100  # longer side / shorter side
+DRAFT_SIDE = 4096  # JPEGs larger than this square are decoded at 1/2, 1/4 or 1/8 scale
 
 
 def load_image_file(path: str | os.PathLike) -> tuple[Image.Image, str]:
-    """Read and decode ``path`` fully: ``(RGB image with EXIF rotation applied, SHA-256 of
-    the file)``, or raise InputError saying what is wrong: missing, a folder, not an image,
-    truncated / corrupt, or so large it could be a decompression bomb (Pillow's warning is
-    treated as an error too)."""
+    """Read and decode ``path``: ``(RGB image with EXIF rotation applied, SHA-256 of the
+    file)``, or raise InputError saying what is wrong: missing, a folder, not an image,
+    truncated / corrupt, so large it could be a decompression bomb (Pillow's warning is
+    treated as an error too), or of extreme size or aspect ratio (checked from the header,
+    before decoding). JPEGs above ``DRAFT_SIDE`` squared pixels are decoded at a reduced
+    scale (Pillow's draft mode), their longer side still >= ``DRAFT_SIDE``."""
     p = Path(path)
     if not p.exists():
         raise InputError(f"image not found: {path}")
@@ -147,6 +151,10 @@ def load_image_file(path: str | os.PathLike) -> tuple[Image.Image, str]:
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(io.BytesIO(data)) as img:
                 _check_geometry(img.size)  # from the header: nothing decoded yet
+                if img.format == "JPEG" and img.width * img.height > DRAFT_SIDE**2:
+                    # decode at the smallest scale whose longer side stays >= DRAFT_SIDE
+                    scale = DRAFT_SIDE / max(img.size)
+                    img.draft("RGB", (math.ceil(img.width * scale), math.ceil(img.height * scale)))
                 img.load()
                 img = to_rgb(ImageOps.exif_transpose(img))
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
@@ -174,16 +182,19 @@ def open_image(path: str | os.PathLike) -> Image.Image:
     return load_image_file(path)[0]
 
 
-def iter_images(paths: list[Path], workers: int = 4):
+def iter_images(paths: list[Path], workers: int = 4, transform: Callable | None = None):
     """``(path, image, sha256, error)`` for each path, in order, decoded by a thread pool
-    (``error`` is the InputError message and ``image`` None for an unreadable file)."""
+    (``error`` is the InputError message and ``image`` None for an unreadable file). With
+    ``transform`` the workers apply it and ``image`` is its result (e.g. the model's input
+    tensor): the decoded pictures are dropped at once, so memory stays that of the inputs."""
     from concurrent.futures import ThreadPoolExecutor
 
     def load(path: Path):
         try:
-            return (path, *load_image_file(path), None)
+            image, digest = load_image_file(path)
         except InputError as e:
             return path, None, None, str(e)
+        return path, transform(image) if transform is not None else image, digest, None
 
     if workers <= 1:
         yield from map(load, paths)

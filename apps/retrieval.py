@@ -195,13 +195,13 @@ def embed_images(loaded: LoadedModel, paths: list[Path], args, desc: str):
     from tqdm import tqdm
 
     bar = tqdm(total=len(paths), unit="img", desc=desc, disable=None)
-    stream = iter_images(paths, workers=args.workers)
+    stream = iter_images(paths, workers=args.workers, transform=loaded.preprocess)
     try:
         while batch := list(itertools.islice(stream, args.batch_size)):
-            good = [(p, im, h) for p, im, h, err in batch if err is None]
+            good = [(p, x, h) for p, x, h, err in batch if err is None]
             embs = []
             if good:
-                x = torch.stack([loaded.preprocess(im) for _, im, _ in good]).to(loaded.device)
+                x = torch.stack([x for _, x, _ in good]).to(loaded.device)
                 with torch.no_grad():
                     embs = loaded.model.encode_image(x, normalize=True).float().cpu()
             it = iter(embs)

@@ -312,7 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     sigmoid = model.logit_bias is not None  # SigLIP-style: independent per-label scores
     skipped = 0
     bar = tqdm(total=len(paths), unit="img", disable=None if many else True)
-    stream = iter_images(paths, workers=min(4, os.cpu_count() or 1))
+    # without --explain the workers turn each picture into the model's input at once
+    transform = None if args.explain else loaded.preprocess
+    stream = iter_images(paths, workers=min(4, os.cpu_count() or 1), transform=transform)
     while batch := list(itertools.islice(stream, args.batch_size)):
         bar.update(len(batch))
         good = []
@@ -327,7 +329,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps({"image": str(path), "error": error}), flush=True)
         if not good:
             continue
-        x = torch.stack([loaded.preprocess(image) for _, image in good]).to(loaded.device)
+        inputs = [loaded.preprocess(image) if args.explain else image for _, image in good]
+        x = torch.stack(inputs).to(loaded.device)
         try:
             with torch.no_grad():
                 logits = attn_clip.zero_shot_logits(model, model.encode_image(x), classifier)

@@ -135,3 +135,14 @@ def test_translate_device_that_is_not_there(monkeypatch, capsys, tmp_path):
     app = load(monkeypatch, "translate")
     assert app.main(["--model", "transformer-tiny", "--device", "cuda", "hello"]) == 2
     assert "CUDA is not available" in error_line(capsys)
+
+
+def test_huge_jpegs_are_decoded_at_reduced_scale(monkeypatch, tmp_path):
+    common = load(monkeypatch, "_common")
+    path = tmp_path / "big.jpg"
+    Image.new("RGB", (9000, 4000), "blue").save(path, quality=50)
+    image, _ = common.load_image_file(path)
+    assert image.size == (4500, 2000)  # 1/2 scale: the longer side still >= DRAFT_SIDE
+    small = tmp_path / "small.jpg"
+    Image.new("RGB", (1200, 800), "blue").save(small)
+    assert common.load_image_file(small)[0].size == (1200, 800)  # ordinary photos: full size
