@@ -6,39 +6,24 @@
         --max-new-tokens 200 --temperature 0.8 --top-k 10
 
 The vocabulary is the file's set of characters (stored in ``config.json``). Training reads
-random windows of ``--context + 1`` characters (drawn from ``(seed, step)``, so a resumed
-run sees the same batches), uses AdamW with warm-up + cosine decay, autocast, gradient
-accumulation and DDP under torchrun; ``OUT/last`` is saved atomically and resumed from.
+random windows of ``--context + 1`` characters (window ``i`` of an epoch -- about one pass
+over the text -- drawn from ``(seed, epoch, i)``, so a resumed run sees the same batches),
+uses AdamW with warm-up + cosine decay and the loop of ``attn_train.fit`` (autocast,
+gradient accumulation, DDP under torchrun, ``OUT/last`` saved atomically and resumed from).
 The last 10% of the text is held out for a validation loss.
 """
 
 from __future__ import annotations
 
 import argparse
-import random
-import sys
 from pathlib import Path
 from typing import Any
 
+import attn_train as at
 import torch
 import torch.nn.functional as F
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import train_utils as tu  # noqa: E402
-
-ANIMALS = "cat dog bird fox frog mouse horse goat duck bee".split()
-PLACES = "the hill|the river|the old mill|the garden|the wood|the town".split("|")
-VERBS = "ran to|sat by|sang near|hid in|looked at|walked past".split("|")
-
-
-def make_text(n_lines: int, seed: int = 0) -> str:
-    """Toy nursery-rhyme lines with a small grammar, e.g. 'the fox ran to the hill.'"""
-    rng = random.Random(seed)
-    lines = []
-    for _ in range(n_lines):
-        a, b = rng.sample(ANIMALS, 2)
-        lines.append(f"the {a} {rng.choice(VERBS)} {rng.choice(PLACES)} with the {b}.")
-    return "\n".join(lines) + "\n"
+from attn_train import synthetic
+from attn_train.cli import add_run_args, run_main
 
 
 class CharVocab:
@@ -58,23 +43,15 @@ class CharVocab:
         return "".join(self.chars[i] for i in ids)
 
 
-def windows(data: torch.Tensor, batch: int, context: int, gen: torch.Generator) -> tuple:
-    """``batch`` random windows: inputs ``(B, T)`` and next-character targets ``(B, T)``."""
-    starts = torch.randint(0, len(data) - context - 1, (batch,), generator=gen)
-    chunk = torch.stack([data[s : s + context + 1] for s in starts.tolist()])
-    return chunk[:, :-1], chunk[:, 1:]
-
-
 @torch.no_grad()
 def val_loss(model, data: torch.Tensor, context: int, device, batches: int = 4) -> float:
-    gen = torch.Generator().manual_seed(1234)  # the same windows every time
+    """Mean next-character loss on the same ``batches`` x 32 windows every time."""
+    windows = at.RandomWindows(data, context, length=32 * batches, seed=1234)
     model.eval()
     total = 0.0
-    for _ in range(batches):
-        x, y = windows(data, 32, context, gen)
+    for x, y in torch.utils.data.DataLoader(windows, batch_size=32):
         logits = model(x.to(device))
         total += F.cross_entropy(logits.flatten(0, 1), y.to(device).flatten()).item()
-    model.train()
     return total / batches
 
 
@@ -94,7 +71,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="train (resumes from OUT/last when present)")
     t.add_argument("--text", type=Path, required=True)
-    t.add_argument("--out", type=Path, required=True)
     t.add_argument("--context", type=int, default=128)
     t.add_argument("--embed-dim", type=int, default=128)
     t.add_argument("--depth", type=int, default=4)
@@ -108,14 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--warmup", type=int, default=100)
     t.add_argument("--weight-decay", type=float, default=0.1)
     t.add_argument("--clip", type=float, default=1.0)
-    t.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
     t.add_argument("--eval-every", type=int, default=200)
-    t.add_argument("--save-every", type=int, default=500)
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--device", default=None)
-    t.add_argument("--threads", type=int, default=None)
-    t.add_argument("--no-resume", action="store_true")
-    t.add_argument("--quiet", action="store_true")
+    add_run_args(t, log_every=200, save_every=500)
 
     s = sub.add_parser("sample", help="generate text from a checkpoint")
     s.add_argument("--model", type=Path, required=True)
@@ -129,23 +99,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
-    from attn_nlp import DecoderOnlyLM, LMConfig, save_pretrained
+    from attn_nlp import DecoderOnlyLM, LMConfig, create_model, save_pretrained
 
-    d, precision, log, last, resume = tu.start_run(args)
+    run = at.start_run(args)
     text = args.text.read_text(encoding="utf-8")
     if len(text) < 10 * (args.context + 1):
         raise ValueError(f"{args.text} is too short for --context {args.context}")
-    if resume:
-        from attn_nlp import create_model
-
-        chars = create_model(tu.find_checkpoint(last)).config.extra["chars"]
+    if run.resume:
+        chars = create_model(at.find_checkpoint(run.last)).config.extra["chars"]
     else:
         chars = sorted(set(text))
     vocab = CharVocab(chars)
     data = torch.tensor(vocab.encode(text), dtype=torch.long)
     split = int(0.9 * len(data))
-    train_data, val_data = data[:split], data[split:]
-
     config = LMConfig(
         vocab_size=len(chars),
         embed_dim=args.embed_dim,
@@ -156,110 +122,49 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         dropout=args.dropout,
         extra={"chars": chars},
     )
-    model = DecoderOnlyLM(config).to(d.device)
-    ddp_model = tu.wrap_ddp(model, d)
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
-    optimizer = torch.optim.AdamW(
-        [
-            {"params": decay, "weight_decay": args.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ],
-        lr=args.lr,
-        betas=(0.9, 0.95),
+    model = DecoderOnlyLM(config).to(run.d.device)
+    # an epoch: about one pass over the text, in whole updates
+    per_update = args.batch_size * args.accum * run.d.world_size
+    steps_per_epoch = max(1, split // (args.context * per_update))
+    windows = at.RandomWindows(data[:split], args.context, steps_per_epoch * per_update, args.seed)
+    loader = at.make_loader(windows, args.batch_size, run.d, shuffle=False, seed=args.seed)
+    groups = at.param_groups(model, args.weight_decay, no_weight_decay=[])  # decay 2-d only
+    optimizer = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95))
+    scheduler = at.lambda_lr(optimizer, at.cosine_schedule(args.warmup, args.steps, floor=0.1))
+
+    def loss_fn(model: torch.nn.Module, batch: list[torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(model(x).float().flatten(0, 1), y.flatten())
+
+    def evaluate() -> dict[str, float]:
+        return {"val_loss": val_loss(model, data[split:], args.context, run.d.device)}
+
+    config = at.LoopConfig.from_args(
+        args,
+        args.steps,
+        -(-args.steps // steps_per_epoch),
+        grad_clip=args.clip,
+        eval_every=args.eval_every,
+        eval_each_epoch=False,
+        start={"chars": len(chars), "text": len(text)},
     )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, tu.cosine_schedule(args.warmup, args.steps, floor=0.1)
+    result = at.fit(
+        run,
+        model,
+        optimizer,
+        scheduler,
+        loader,
+        config,
+        loss_fn=loss_fn,
+        evaluate=evaluate,
+        write_files=lambda folder: save_pretrained(model, folder),
     )
-    scaler = tu.make_scaler(d.device, precision)
-    progress = {"step": 0, "seed": args.seed}
-    if resume:
-        progress = tu.load_checkpoint(
-            last, d, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler
-        )
-        log.log({"event": "resume", **progress})
-    else:
-        log.log(
-            {
-                "event": "start",
-                "chars": len(chars),
-                "text": len(text),
-                "params": sum(p.numel() for p in model.parameters()),
-            }
-        )
-
-    def save() -> None:
-        tu.save_checkpoint(
-            last,
-            d,
-            model=model,
-            optimizer=optimizer,
-            scheduler=scheduler,
-            scaler=scaler,
-            progress=progress,
-            write_files=lambda tmp: save_pretrained(model, tmp),
-        )
-
-    bar = None
-    if d.is_main and not args.quiet:
-        from tqdm import tqdm
-
-        bar = tqdm(total=args.steps, initial=progress["step"], desc="train")
-    losses: list[float] = []
-    ddp_model.train()
-    while progress["step"] < args.steps:
-        step = progress["step"]
-        total = 0.0
-        for micro in range(args.accum):
-            gen = torch.Generator().manual_seed(
-                ((args.seed * 1000 + d.rank) * 100_003 + step) * 97 + micro
-            )
-            x, y = windows(train_data, args.batch_size, args.context, gen)
-            with (
-                tu.maybe_no_sync(ddp_model, micro == args.accum - 1),
-                tu.autocast(d.device, precision),
-            ):
-                logits = ddp_model(x.to(d.device))
-                loss = F.cross_entropy(logits.float().flatten(0, 1), y.to(d.device).flatten())
-            scaler.scale(loss / args.accum).backward()
-            total += loss.item() / args.accum
-        scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        scheduler.step()
-        progress["step"] += 1
-        losses.append(tu.all_reduce_mean(total, d))
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(loss=f"{losses[-1]:.3f}")
-        step = progress["step"]
-        if step % args.eval_every == 0 or step == args.steps:
-            record = {"step": step, "loss": losses[-1], "lr": scheduler.get_last_lr()[0]}
-            if d.is_main:
-                record["val_loss"] = val_loss(model, val_data, args.context, d.device)
-            log.log(record, echo=bar is None)
-        if step % args.save_every == 0 or step == args.steps:
-            save()
-    if bar is not None:
-        bar.close()
-    result: dict[str, Any] = {"step": progress["step"]}
-    if losses:
-        k = max(1, min(10, len(losses) // 4))
-        result.update(first_loss=sum(losses[:k]) / k, last_loss=sum(losses[-k:]) / k)
-    if d.is_main:
+    if run.d.is_main:
         torch.manual_seed(args.seed)
         prompt = text[: min(8, args.context // 2)]
-        result["sample"] = sample(
-            model.eval(),
-            vocab,
-            prompt,
-            max_new_tokens=min(120, args.context - len(prompt)),
-            temperature=0.8,
-        )
-        log.log({"event": "done", **result})
-    tu.cleanup_distributed()
+        n = min(120, args.context - len(prompt))
+        result["sample"] = sample(model.eval(), vocab, prompt, max_new_tokens=n, temperature=0.8)
+    run.close(result)
     return result
 
 
@@ -267,7 +172,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
     if args.command == "make-data":
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(make_text(args.lines, args.seed), encoding="utf-8")
+        args.out.write_text(synthetic.rhymes(args.lines, args.seed), encoding="utf-8")
         print(f"wrote {args.lines} lines to {args.out}")
         return {}
     if args.command == "sample":
@@ -292,4 +197,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -38,9 +38,11 @@ def lm_script(load_script):
 
 
 @pytest.fixture(scope="module")
-def text(lm_script, tmp_path_factory) -> Path:
+def text(tmp_path_factory) -> Path:
+    from attn_train import synthetic
+
     path = tmp_path_factory.mktemp("lm") / "rhymes.txt"
-    path.write_text(lm_script.make_text(300), encoding="utf-8")
+    path.write_text(synthetic.rhymes(300), encoding="utf-8")
     return path
 
 

@@ -1,4 +1,5 @@
-"""scripts/train_text_classifier.py: a few steps on generated reviews lower the loss."""
+"""scripts/train_text_classifier.py: a few steps on generated reviews lower the loss. (The
+reviews and the CSV reader: tests/train/test_synthetic.py, test_text.py.)"""
 
 from __future__ import annotations
 
@@ -8,20 +9,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "train_text_classifier.py"
 
 
-@pytest.fixture(scope="module")
-def cls_script(load_script):
-    return load_script("train_text_classifier")
+def test_a_few_steps_lower_the_loss(tmp_path):
+    from attn_train import synthetic
 
-
-def test_a_few_steps_lower_the_loss(cls_script, tmp_path):
-    cls_script.make_data(tmp_path / "data", n_train=600, n_dev=100, seed=0)
+    synthetic.write_reviews(tmp_path / "data", n_train=600, n_dev=100, seed=0)
     out = tmp_path / "run"
     cmd = [
         sys.executable,
@@ -60,22 +57,3 @@ def test_a_few_steps_lower_the_loss(cls_script, tmp_path):
     model = create_model(out / "best")
     assert model.config.labels == ["neg", "pos"]
     assert model(torch.tensor([[5, 6, 7]])).shape == (1, 2)
-
-
-def test_csv_errors(cls_script, tmp_path):
-    bad = tmp_path / "bad.csv"
-    bad.write_text("sentence,label\nhello,pos\n", encoding="utf-8")
-    with pytest.raises(ValueError, match="'text' and 'label' columns"):
-        cls_script.read_csv(bad)
-    bad.write_text("text,label\nhello,pos\n,neg\n", encoding="utf-8")
-    with pytest.raises(ValueError, match="bad.csv:3: empty text or label"):
-        cls_script.read_csv(bad)
-
-
-def test_negation_matters_in_generated_reviews(cls_script):
-    import random
-
-    rng = random.Random(1)
-    rows = [cls_script.make_review(rng) for _ in range(200)]
-    assert {label for _, label in rows} == {"pos", "neg"}
-    assert any(" not " in text and label == "pos" for text, label in rows)

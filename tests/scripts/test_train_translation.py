@@ -1,4 +1,5 @@
-"""scripts/train_translation.py: generated corpus, loss goes down, exact resume, DDP, errors."""
+"""scripts/train_translation.py: loss goes down, exact resume, DDP. (The generated corpus and
+the TSV reader: tests/train/test_synthetic.py, test_text.py.)"""
 
 from __future__ import annotations
 
@@ -38,9 +39,11 @@ def tt(load_script):
 
 
 @pytest.fixture(scope="module")
-def data(tt, tmp_path_factory) -> Path:
+def data(tmp_path_factory) -> Path:
+    from attn_train import synthetic
+
     out = tmp_path_factory.mktemp("numbers")
-    tt.make_data("numbers", out, n_train=400, n_dev=20, seed=0)
+    synthetic.write_translation_corpus("numbers", out, n_train=400, n_dev=20, seed=0)
     return out
 
 
@@ -52,36 +55,6 @@ def free_port() -> int:
 
 def script_env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-
-
-@pytest.mark.parametrize(
-    "n, english, chinese",
-    [
-        (0, "zero", "零"),
-        (15, "fifteen", "十五"),
-        (110, "one hundred and ten", "一百一十"),
-        (3405, "three thousand four hundred and five", "三千四百零五"),
-        (10050, "ten thousand and fifty", "一万零五十"),
-        (945007, "nine hundred and forty-five thousand and seven", "九十四万五千零七"),
-        (100000, "one hundred thousand", "十万"),
-    ],
-)
-def test_number_generators(tt, n, english, chinese):
-    assert tt.english_number(n) == english
-    assert tt.chinese_number(n) == chinese
-
-
-def test_generated_corpus_is_disjoint(data, tt):
-    train, dev = tt.read_tsv(data / "train.tsv"), tt.read_tsv(data / "dev.tsv")
-    assert len(train) == 400 and len(dev) == 20
-    assert not {s for s, _ in train} & {s for s, _ in dev}
-
-
-def test_bad_tsv_is_a_clear_error(tt, tmp_path):
-    bad = tmp_path / "bad.tsv"
-    bad.write_text("one\t一\nno tab here\n", encoding="utf-8")
-    with pytest.raises(ValueError, match=r"bad.tsv:2: expected 'source<TAB>target'"):
-        tt.read_tsv(bad)
 
 
 def test_a_few_steps_lower_the_loss_and_give_a_usable_checkpoint(data, tmp_path):

@@ -1,4 +1,5 @@
-"""attn_clip.data: open_clip CSVs, ImageFolders, unreadable images skipped and counted."""
+"""attn_train.data: open_clip CSVs, ImageFolders, unreadable images skipped and counted;
+loaders whose order depends only on (seed, epoch) and that skip what a resumed run saw."""
 
 from __future__ import annotations
 
@@ -8,12 +9,15 @@ import pytest
 import torch
 from attn_clip import Tokenizer, image_transform, shapes
 from attn_clip.config import PreprocessConfig
-from attn_clip.data import (
+from attn_train.data import (
+    Collated,
     CsvImageTextDataset,
     ImageFolderDataset,
     UnreadableImageWarning,
     collate_skip_unreadable,
+    make_loader,
 )
+from attn_train.distributed import Distributed
 from torch.utils.data import DataLoader
 from torchvision import transforms as T
 
@@ -137,3 +141,29 @@ def test_seeded_augmentation_depends_only_on_seed_epoch_and_index(root):
     assert not torch.equal(a, ds[2][0])  # a new epoch, new crops
     unseeded = CsvImageTextDataset(root / "train.csv", tf)
     assert not torch.equal(unseeded[2][0], unseeded[2][0])
+
+
+def test_collate_returns_a_collated_with_the_dropped_count():
+    out = collate_skip_unreadable([(torch.zeros(2), 1), None, (torch.ones(2), 0)])
+    assert isinstance(out, Collated) and out.skipped == 1
+    assert out.batch[0].shape == (2, 2) and out.batch[1].tolist() == [1, 0]
+    assert collate_skip_unreadable([None, None]) == Collated(None, 2)
+
+
+def test_loader_order_depends_on_seed_and_epoch_and_skips_a_prefix():
+    data = list(range(20))
+
+    def order(seed: int, epoch: int, skip: int = 0, rank: int = 0, world: int = 1) -> list[int]:
+        loader = make_loader(data, 4, Distributed(rank, world), seed=seed)
+        loader.sampler.set_epoch(epoch)
+        loader.sampler.skip(skip)
+        torch.manual_seed(123)  # the global RNG plays no part
+        return [i for batch in loader for i in batch.tolist()]
+
+    assert order(0, 0) == order(0, 0) != order(0, 1)
+    assert order(0, 0) != order(1, 0) and sorted(order(0, 0)) == data
+    assert order(0, 1, skip=8) == order(0, 1)[8:]  # a resumed epoch continues where it was
+    ranks = order(0, 0, rank=0, world=2) + order(0, 0, rank=1, world=2)
+    assert sorted(ranks) == data  # each rank its own half
+    with pytest.raises(ValueError, match="batch-size"):
+        make_loader(data, 0, Distributed())

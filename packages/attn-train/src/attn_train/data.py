@@ -1,5 +1,8 @@
-"""Training data: open_clip-style image-caption CSVs and ImageFolder classification sets.
+"""Training data: loaders that resume mid-epoch, and image data sets that survive bad files.
 
+* :class:`ResumableSampler` / :func:`make_loader` -- a ``DistributedSampler`` (also for one
+  process) whose order depends only on ``(seed, epoch)`` and that can skip the batches a
+  resumed run has already seen.
 * :class:`CsvImageTextDataset` -- open_clip's CSV convention: one row per image, an image
   path column (``filepath``) and a caption column (``title``), comma- or tab-separated
   (detected from the header), paths relative to the CSV's folder. Items are
@@ -10,12 +13,13 @@
 
 Unreadable images (missing, truncated, not an image) never crash a run: the item comes
 back as ``None``, a warning names the file (once per file and process), and
-:func:`collate_skip_unreadable` drops it and reports how many it dropped, so a training
-loop can count them across workers and ranks.
+:func:`collate_skip_unreadable` drops it and returns a :class:`Collated` that says how many
+it dropped; the training loop sums that over ranks.
 
 Augmentation can be made independent of worker and rank: with ``seed`` set, the random
 transform of item ``i`` in epoch ``e`` always draws the same numbers
-(``set_epoch(e)``), which is what exact resume and DDP-vs-single-process comparisons need.
+(``set_epoch(e)``, which the loop calls), which is what exact resume and
+DDP-vs-single-process comparisons need.
 """
 
 from __future__ import annotations
@@ -26,20 +30,76 @@ import os
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from PIL import Image
-from torch.utils.data import Dataset, default_collate
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_collate
 from torchvision.datasets import ImageFolder
 
+from .distributed import Distributed
+
 __all__ = [
+    "Collated",
     "CsvImageTextDataset",
     "ImageFolderDataset",
+    "ResumableSampler",
     "UnreadableImageWarning",
     "collate_skip_unreadable",
     "load_rgb",
+    "make_loader",
 ]
+
+
+class ResumableSampler(DistributedSampler):
+    """A ``DistributedSampler`` (also for one process) that can skip a prefix.
+
+    ``set_epoch(e)`` reshuffles from ``seed + e``; ``skip(n)`` drops this rank's first
+    ``n`` indices of the current epoch, which is how a resumed run continues mid-epoch.
+    """
+
+    def __init__(self, dataset: Dataset, d: Distributed, *, shuffle: bool, seed: int) -> None:
+        super().__init__(dataset, d.world_size, d.rank, shuffle=shuffle, seed=seed)
+        self._skip = 0
+
+    def skip(self, n: int) -> None:
+        self._skip = n
+
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        self._skip = 0
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(list(super().__iter__())[self._skip :])
+
+    def __len__(self) -> int:
+        return max(0, super().__len__() - self._skip)
+
+
+def make_loader(
+    dataset: Dataset,
+    batch_size: int,
+    d: Distributed,
+    *,
+    shuffle: bool = True,
+    seed: int = 0,
+    collate_fn: Callable | None = None,
+    num_workers: int = 0,
+) -> DataLoader:
+    """A loader over a :class:`ResumableSampler` (``loader.sampler``) whose order depends
+    only on ``(seed, epoch)`` -- never on the global RNG."""
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=ResumableSampler(dataset, d, shuffle=shuffle, seed=seed),
+        collate_fn=collate_fn,
+        num_workers=num_workers,
+        generator=torch.Generator().manual_seed(seed),  # keeps the global RNG untouched
+        pin_memory=d.device.type == "cuda",
+    )
+
 
 _UNREADABLE = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
 
@@ -210,11 +270,14 @@ class ImageFolderDataset(_SkipAndSeed, ImageFolder):
         return img, target
 
 
-def collate_skip_unreadable(batch: list[Any]) -> tuple[Any, int]:
-    """``default_collate`` of the readable items and the number of ``None`` items dropped.
+class Collated(NamedTuple):
+    """A batch of the readable items (None when none was) and how many were dropped."""
 
-    Returns ``(collated, skipped)``; ``collated`` is None when every item was unreadable.
-    """
+    batch: Any
+    skipped: int
+
+
+def collate_skip_unreadable(batch: list[Any]) -> Collated:
+    """``default_collate`` of the readable items, and the number of ``None`` items dropped."""
     items = [b for b in batch if b is not None]
-    skipped = len(batch) - len(items)
-    return (default_collate(items) if items else None), skipped
+    return Collated(default_collate(items) if items else None, len(batch) - len(items))

@@ -1,0 +1,83 @@
+"""attn_train: the training loop of the attn-zoo recipes, once.
+
+* :mod:`~attn_train.loop` -- :func:`start_run`, :func:`fit` (accumulation, AMP, clipping,
+  schedules, NaN / inf stop, JSONL + console log, periodic eval and checkpoints, EMA).
+* :mod:`~attn_train.checkpoint` -- atomic checkpoint directories, exact resume.
+* :mod:`~attn_train.distributed` -- one process or ``torchrun`` DDP (gloo on CPU).
+* :mod:`~attn_train.data` -- resumable loaders, image-caption CSVs, ImageFolders that skip
+  unreadable images; :mod:`~attn_train.text` -- TSV pairs, labelled CSVs, token windows.
+* :mod:`~attn_train.optim` -- timm's weight-decay / layer-decay parameter groups;
+  :mod:`~attn_train.schedules` -- warm-up + cosine / inverse-sqrt for ``LambdaLR``.
+* :mod:`~attn_train.synthetic` -- generated NLP toy tasks; :mod:`~attn_train.cli` -- the
+  shared flags and exits; :mod:`~attn_train.metrics` -- top-k accuracy.
+"""
+
+from .amp import autocast, make_scaler, resolve_precision
+from .checkpoint import find_checkpoint, load_checkpoint, read_progress, save_checkpoint
+from .contrastive import contrastive_step
+from .data import (
+    Collated,
+    CsvImageTextDataset,
+    ImageFolderDataset,
+    ResumableSampler,
+    collate_skip_unreadable,
+    make_loader,
+)
+from .distributed import Distributed, cleanup_distributed, setup_distributed, unwrap, wrap_ddp
+from .log import RunLogger
+from .loop import (
+    LoopConfig,
+    NonFiniteLossError,
+    Run,
+    StepContext,
+    check_finite,
+    fit,
+    loss_step,
+    start_run,
+)
+from .metrics import classification_metrics
+from .optim import param_groups
+from .schedules import cosine_schedule, inverse_sqrt_schedule, lambda_lr, plan_steps
+from .text import RandomWindows, pad_rows, read_labelled_csv, read_tsv
+
+__version__ = "0.1.0"
+__all__ = [
+    "Collated",
+    "CsvImageTextDataset",
+    "Distributed",
+    "ImageFolderDataset",
+    "LoopConfig",
+    "NonFiniteLossError",
+    "RandomWindows",
+    "ResumableSampler",
+    "Run",
+    "RunLogger",
+    "StepContext",
+    "autocast",
+    "check_finite",
+    "classification_metrics",
+    "cleanup_distributed",
+    "collate_skip_unreadable",
+    "contrastive_step",
+    "cosine_schedule",
+    "find_checkpoint",
+    "fit",
+    "inverse_sqrt_schedule",
+    "lambda_lr",
+    "load_checkpoint",
+    "loss_step",
+    "make_loader",
+    "make_scaler",
+    "pad_rows",
+    "param_groups",
+    "plan_steps",
+    "read_labelled_csv",
+    "read_progress",
+    "read_tsv",
+    "resolve_precision",
+    "save_checkpoint",
+    "setup_distributed",
+    "start_run",
+    "unwrap",
+    "wrap_ddp",
+]

@@ -1,0 +1,171 @@
+"""Atomic checkpoint directories and exact resume.
+
+A checkpoint is a directory (``OUT/last``, ``OUT/best``)::
+
+    model.safetensors    the weights (or whatever ``write_files`` saved: config.json, tokenizer...)
+    ema.safetensors      the EMA weights, when training keeps an EMA
+    trainer_state.pt     progress (step, epoch, batches seen ...), optimizer, scheduler,
+                         scaler and every rank's RNG state (read with ``weights_only=True``)
+
+It is assembled as ``NAME.tmp`` and swapped in with ``os.replace`` (the previous one is
+parked as ``NAME.old`` for the instant of the swap), so a crash -- even ``kill -9`` while
+writing -- never leaves a half-written ``NAME``. Loading restores every piece, so a resumed
+run continues bit for bit: the sampler position comes from ``progress["batches"]``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .distributed import Distributed, barrier, seed_everything, unwrap
+
+__all__ = ["find_checkpoint", "load_checkpoint", "read_progress", "save_checkpoint"]
+
+MODEL, EMA, STATE = "model.safetensors", "ema.safetensors", "trainer_state.pt"
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _ema_generator(ema: nn.Module | None) -> torch.Generator | None:
+    """timm's ``ModelEmaV3`` rounds bf16 EMA tensors stochastically with a private RNG."""
+    return getattr(ema, "_sr_generator", None)
+
+
+def save_checkpoint(
+    directory: str | Path,
+    d: Distributed,
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any = None,
+    scaler: torch.amp.GradScaler | None = None,
+    ema: nn.Module | None = None,
+    progress: dict[str, Any],
+    write_files: Callable[[Path], None] | None = None,
+) -> Path | None:
+    """Write a checkpoint directory atomically (called on every rank; rank 0 writes).
+
+    ``progress`` holds plain numbers. ``write_files(tmp_dir)`` adds e.g. ``config.json``
+    and the tokenizer (or saves the model with its package's ``save_pretrained``), so the
+    checkpoint is also a loadable model folder; ``model.safetensors`` is written here
+    unless it did. ``ema``: an EMA wrapper with the averaged model in ``ema.module``
+    (timm's ``ModelEmaV3``).
+    """
+    from safetensors.torch import save_model
+
+    rngs: list[Any] = [None] * d.world_size
+    if d.enabled:
+        dist.all_gather_object(rngs, _rng_state())
+    else:
+        rngs = [_rng_state()]
+    directory = Path(directory)
+    if d.is_main:
+        tmp = directory.with_name(directory.name + ".tmp")
+        old = directory.with_name(directory.name + ".old")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        if write_files is not None:
+            write_files(tmp)
+        if not (tmp / MODEL).is_file():
+            save_model(unwrap(model), str(tmp / MODEL))
+        if ema is not None:
+            save_model(ema.module, str(tmp / EMA))
+        gen = _ema_generator(ema)
+        state = {
+            "progress": dict(progress),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict() if scheduler is not None else None,
+            "scaler": scaler.state_dict() if scaler is not None else None,
+            "ema_rng": gen.get_state() if gen is not None else None,
+            "rng": rngs,
+        }
+        torch.save(state, tmp / STATE)
+        if directory.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(directory, old)
+        os.replace(tmp, directory)
+        shutil.rmtree(old, ignore_errors=True)
+    barrier(d)
+    return directory if d.is_main else None
+
+
+def find_checkpoint(directory: str | Path) -> Path | None:
+    """``directory`` if it holds a complete checkpoint (or the ``.old`` copy of a swap)."""
+    directory = Path(directory)
+    for candidate in (directory, directory.with_name(directory.name + ".old")):
+        if (candidate / STATE).is_file() and (candidate / MODEL).is_file():
+            return candidate
+    return None
+
+
+def read_progress(directory: str | Path) -> dict[str, Any] | None:
+    """The ``progress`` record of the checkpoint in ``directory`` (None if there is none)."""
+    found = find_checkpoint(directory)
+    if found is None:
+        return None
+    return torch.load(found / STATE, map_location="cpu", weights_only=True)["progress"]
+
+
+def load_checkpoint(
+    directory: str | Path,
+    d: Distributed,
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any = None,
+    scaler: torch.amp.GradScaler | None = None,
+    ema: nn.Module | None = None,
+) -> dict[str, Any]:
+    """Restore everything :func:`save_checkpoint` wrote; returns ``progress``.
+
+    With another number of processes than the run that saved, training continues but
+    not bit-exactly (the RNGs are reseeded).
+    """
+    from safetensors.torch import load_model
+
+    found = find_checkpoint(directory)
+    if found is None:
+        raise FileNotFoundError(f"no checkpoint in {directory}")
+    load_model(unwrap(model), str(found / MODEL), device=str(d.device))
+    state = torch.load(found / STATE, map_location="cpu", weights_only=True)
+    if optimizer is not None:
+        optimizer.load_state_dict(state["optimizer"])
+    if scheduler is not None and state["scheduler"] is not None:
+        scheduler.load_state_dict(state["scheduler"])
+    if scaler is not None and state["scaler"] is not None:
+        scaler.load_state_dict(state["scaler"])
+    if ema is not None:
+        if not (found / EMA).is_file():
+            raise FileNotFoundError(f"{found} has no {EMA} (was the run started without EMA?)")
+        load_model(ema.module, str(found / EMA), device=str(d.device))
+        gen = _ema_generator(ema)
+        if gen is not None and state.get("ema_rng") is not None:
+            gen.set_state(state["ema_rng"])
+    rngs = state["rng"]
+    if len(rngs) == d.world_size:
+        _set_rng_state(rngs[d.rank])
+    else:
+        seed_everything(int(state["progress"].get("seed", 0)) + len(rngs), d.rank)
+    return state["progress"]

@@ -1,0 +1,119 @@
+"""attn_train.loop.fit on a tiny model: accumulation equals the big batch, a NaN / inf
+loss stops cleanly with the last good checkpoint untouched, and stop + resume is exact
+(dropout, shuffling, accumulation, EMA, schedule, evaluation that draws random numbers)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from attn_train import LoopConfig, NonFiniteLossError, fit, make_loader, start_run
+from safetensors.torch import load_file
+from torch import nn
+
+WORKER = Path(__file__).with_name("loop_worker.py")
+
+
+def _load_worker():
+    spec = importlib.util.spec_from_file_location("attn_train_loop_worker", WORKER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+worker = _load_worker()
+train, records, step_losses = worker.train, worker.records, worker.step_losses
+
+
+def test_accumulation_equals_the_big_batch(tmp_path):
+    train(tmp_path / "big", batch_size=16, accum=1)
+    train(tmp_path / "acc", batch_size=8, accum=2)
+    big, acc = step_losses(tmp_path / "big"), step_losses(tmp_path / "acc")
+    assert big.keys() == acc.keys() == {1, 2, 3, 4}
+    for k in big:
+        assert acc[k] == pytest.approx(big[k], rel=1e-5)
+    a = load_file(tmp_path / "big" / "last" / "model.safetensors")
+    b = load_file(tmp_path / "acc" / "last" / "model.safetensors")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=1e-5)
+    train(tmp_path / "small", batch_size=8, accum=1)  # half the batch: a real difference
+    c = load_file(tmp_path / "small" / "last" / "model.safetensors")
+    assert max((a[k] - c[k]).abs().max() for k in a) > 1e-3
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(NonFiniteLossError) as e:
+        train(out, max_steps=8, save_every=2, debug_nan_at_step=5)
+    message = str(e.value)
+    assert "loss is nan at update 5" in message
+    assert f"the last good checkpoint is {out / 'last'} (step 4)" in message
+    state = torch.load(out / "last" / "trainer_state.pt", weights_only=True)
+    assert state["progress"]["step"] == 4
+    assert records(out)[-1]["event"] == "nonfinite_loss"
+    assert max(step_losses(out)) == 4  # nothing after the bad update
+
+    with pytest.raises(NonFiniteLossError, match="no checkpoint had been written yet"):
+        train(tmp_path / "early", max_steps=8, save_every=None, debug_nan_at_step=1)
+
+
+def test_stop_and_resume_is_exact(tmp_path):
+    def evaluate() -> dict[str, float]:  # draws random numbers: must not shift training
+        return {"score": torch.rand(()).item()}
+
+    common = {"batch_size": 4, "accum": 2, "total": 10, "dropout": 0.2, "ema": 0.9}
+    common.update(evaluate=evaluate, best_metric="score")
+    straight = train(tmp_path / "straight", max_steps=10, **common)  # 4 updates per epoch
+    train(tmp_path / "resumed", max_steps=5, save_every=3, **common)  # stops mid-epoch 1
+    resumed = train(tmp_path / "resumed", max_steps=10, **common)
+    assert straight["step"] == resumed["step"] == 10
+    assert [r["event"] for r in records(tmp_path / "resumed") if r.get("event")].count(
+        "resume"
+    ) == 1
+    for name in ("model.safetensors", "ema.safetensors"):
+        a = load_file(tmp_path / "straight" / "last" / name)
+        b = load_file(tmp_path / "resumed" / "last" / name)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+    a, b = step_losses(tmp_path / "straight"), step_losses(tmp_path / "resumed")
+    assert all(a[k] == b[k] for k in a)  # the same losses, update for update
+    ema = load_file(tmp_path / "straight" / "last" / "ema.safetensors")
+    model = load_file(tmp_path / "straight" / "last" / "model.safetensors")
+    assert not all(torch.equal(ema[k], model[k]) for k in ema)  # the EMA really averages
+
+
+def test_fit_takes_exactly_one_of_loss_fn_and_step_fn(tmp_path):
+    run = start_run(worker.args(tmp_path))
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = make_loader(worker.dataset(), 8, run.d)
+    with pytest.raises(TypeError, match="exactly one"):
+        fit(run, model, optimizer, None, loader, LoopConfig(1))
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_with_accumulation_equal_one_process(tmp_path):
+    train(tmp_path / "single", batch_size=16, accum=1, max_steps=4)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    cmd += ["--master-port", str(port), str(WORKER), str(tmp_path / "ddp"), "4", "2", "4"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    start = records(tmp_path / "ddp")[0]
+    assert start["world_size"] == 2 and start["global_batch"] == 16
+    single, ddp = step_losses(tmp_path / "single"), step_losses(tmp_path / "ddp")
+    assert single.keys() == ddp.keys() == {1, 2, 3, 4}
+    for k in single:
+        assert ddp[k] == pytest.approx(single[k], rel=1e-5)
+    a = load_file(tmp_path / "single" / "last" / "model.safetensors")
+    b = load_file(tmp_path / "ddp" / "last" / "model.safetensors")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4)
