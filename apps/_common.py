@@ -247,7 +247,7 @@ def resolve_model_args(model: str | None, pretrained: str | None) -> tuple[str, 
     A folder given as ``--pretrained`` with no ``--model`` brings its own architecture
     (``open_clip_config.json`` / ``config.json``) and becomes the model.
     """
-    if pretrained is not None and os.path.exists(pretrained):
+    if pretrained is not None and os.path.exists(pretrained) and not _is_tag(model, pretrained):
         pretrained = str(Path(pretrained).resolve())
     if model is None:
         if pretrained is not None and os.path.isdir(pretrained):
@@ -258,6 +258,16 @@ def resolve_model_args(model: str | None, pretrained: str | None) -> tuple[str, 
     elif os.path.exists(model):
         model = str(Path(model).resolve())
     return model, pretrained
+
+
+def _is_tag(model: str | None, pretrained: str) -> bool:
+    """A pretrained tag of ``model`` wins over a file or folder of the same name here, as in
+    ``attn_clip.create_model``."""
+    import attn_clip
+
+    return pretrained.lower().replace("-", "_") in attn_clip.list_pretrained_tags(
+        model or DEFAULT_MODEL
+    )
 
 
 def _default_pretrained(name: str) -> str | None:

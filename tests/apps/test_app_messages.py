@@ -146,3 +146,15 @@ def test_huge_jpegs_are_decoded_at_reduced_scale(monkeypatch, tmp_path):
     small = tmp_path / "small.jpg"
     Image.new("RGB", (1200, 800), "blue").save(small)
     assert common.load_image_file(small)[0].size == (1200, 800)  # ordinary photos: full size
+
+
+def test_a_tag_wins_over_a_folder_of_the_same_name(monkeypatch, tmp_path):
+    """demo-shapes' tag is "shapes": a folder called shapes/ in the working directory (as
+    scripts/make_shapes.py writes it) must not turn the tag into a path."""
+    common = load(monkeypatch, "_common")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "shapes").mkdir()
+    assert common.resolve_model_args("demo-shapes", "shapes") == ("demo-shapes", "shapes")
+    (tmp_path / "ckpt").mkdir()
+    name, weights = common.resolve_model_args("demo-shapes", "ckpt")
+    assert weights == str(tmp_path / "ckpt")  # not a tag: a path, made absolute
