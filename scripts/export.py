@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from attn_train.cli import HelpFormatter, one_line, run_main
 from torch import nn
 
 # ----------------------------------------------------------------------------------------
@@ -213,8 +214,8 @@ def _size_mb(model: nn.Module) -> float:
     return buf.tell() / 2**20
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--model", required=True, help="architecture name (ViT-B-32), hf-hub:, folder")
     p.add_argument("--pretrained", default=None, help="pretrained tag or checkpoint path")
     p.add_argument("--format", choices=["onnx"], default=None, help="export format")
@@ -225,6 +226,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=8, help="image batch for the int8 timing")
     p.add_argument("--repeats", type=int, default=5, help="timed repeats for the int8 report")
     p.add_argument("--json", default=None, help="also write the checks here")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = build_parser()
     args = p.parse_args(argv)
     if args.format is None and args.quantize is None:
         p.error("nothing to do: pass --format onnx and/or --quantize int8")
@@ -234,11 +240,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import attn_clip
+    from attn_core.hub import WeightsError
 
+    if args.out is not None and Path(args.out).is_file():
+        print(f"error: --out {args.out} is a file, not a folder", file=sys.stderr)
+        return 2
     try:
         model = attn_clip.create_model(args.model, pretrained=args.pretrained)
-    except (ValueError, OSError, KeyError) as err:
-        print(f"error: {err}", file=sys.stderr)
+    except (ValueError, OSError, KeyError, WeightsError) as err:
+        message = one_line(str(err).strip("'\""))  # a KeyError's text comes quoted
+        print(f"error: {message}", file=sys.stderr)
         return 2
     if args.pretrained is None:
         print("note: no --pretrained given: random weights (a dry run of the export)")
@@ -281,4 +292,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

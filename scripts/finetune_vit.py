@@ -1,4 +1,4 @@
-"""Fine-tune (or train) an attn_vision classifier on ImageFolder train / val directories.
+r"""Fine-tune (or train) an attn_vision classifier on ImageFolder train / val directories.
 
     # generated shapes (30 colour-shape classes), a tiny ViT from scratch
     uv run scripts/make_shapes.py data/shapes
@@ -24,6 +24,10 @@ Checkpoints (``--out``/``last``, ``best``): ``model.safetensors`` (+ ``ema.safet
 the class names are its ``pretrained_cfg["label_names"]``); written atomically. Rerunning
 the same command resumes exactly. A non-finite loss stops the run with a clear message and
 leaves the last good checkpoint untouched.
+
+Exit codes: 0 done, 1 the loss became NaN / inf, 2 bad input (a missing folder, an unknown
+model, unavailable weights, no readable image, ...: one ``error:`` line, nothing written),
+130 Ctrl-C (the line names the last checkpoint; the same command resumes from it).
 """
 
 from __future__ import annotations
@@ -37,12 +41,19 @@ import attn_vision
 import torch
 import torch.nn.functional as F
 from attn_train import ImageFolderDataset, collate_skip_unreadable
-from attn_train.cli import add_run_args, add_schedule_args, parse_overrides, run_main
+from attn_train.cli import (
+    add_run_args,
+    add_schedule_args,
+    make_parser,
+    parse_overrides,
+    require_dir,
+    run_main,
+)
 from torch import nn
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = make_parser(__doc__)
     g = p.add_argument_group("model")
     g.add_argument("--model", default="vit_tiny_patch16_224", help="attn_vision / timm name")
     g.add_argument(
@@ -55,31 +66,60 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--img-size", type=int, default=None, help="input size (pos-embed resampled)")
     g.add_argument("--patch-size", type=int, default=None, help="ViT patch size (from scratch)")
     g.add_argument("--drop-path", type=float, default=0.1, help="stochastic depth rate")
-    g.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="e.g. depth=6")
-    g.add_argument("--grad-checkpointing", action="store_true")
+    g.add_argument(
+        "--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides: depth=6 ..."
+    )
+    g.add_argument(
+        "--grad-checkpointing", action="store_true", help="recompute activations (less memory)"
+    )
     g = p.add_argument_group("data")
     g.add_argument("--train-dir", type=Path, required=True, help="ImageFolder: CLASS/IMAGE")
     g.add_argument("--val-dir", type=Path, default=None, help="ImageFolder with the same classes")
     g.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
+    g.add_argument(
+        "--warn-skipped-fraction",
+        type=float,
+        default=0.1,
+        help="warn when more than this fraction of an epoch's images is unreadable (a run "
+        "where none is readable stops with exit code 2)",
+    )
     g.add_argument("--no-augment", action="store_true", help="train with the eval transform")
-    g.add_argument("--crop-pct", type=float, default=None, help="eval center-crop fraction")
+    g.add_argument(
+        "--crop-pct",
+        type=float,
+        default=None,
+        help="eval center-crop fraction (default: the weights' own)",
+    )
     g.add_argument("--scale", type=float, nargs=2, default=(0.08, 1.0), help="RRC area range")
-    g.add_argument("--hflip", type=float, default=0.5)
-    g.add_argument("--aa", choices=["rand", "trivial", "none"], default="rand", help="auto-aug")
+    g.add_argument("--hflip", type=float, default=0.5, help="horizontal flip probability")
+    g.add_argument(
+        "--aa",
+        choices=["rand", "trivial", "none"],
+        default="rand",
+        help="auto-augment: RandAugment, TrivialAugment or none",
+    )
     g.add_argument("--color-jitter", type=float, default=0.4, help="used when --aa none")
     g.add_argument("--reprob", type=float, default=0.25, help="random erasing probability")
     g = p.add_argument_group("optimisation")
     add_schedule_args(g, epochs=10, batch_size=64, lr=5e-4, warmup=100)
-    g.add_argument("--wd", type=float, default=0.05)
+    g.add_argument("--wd", type=float, default=0.05, help="AdamW weight decay")
     g.add_argument("--min-lr-ratio", type=float, default=0.01, help="cosine floor, x --lr")
-    g.add_argument("--label-smoothing", type=float, default=0.1)
+    g.add_argument("--label-smoothing", type=float, default=0.1, help="cross-entropy smoothing")
     g.add_argument("--layer-decay", type=float, default=None, help="e.g. 0.75 (ViT / Swin)")
-    g.add_argument("--ema-decay", type=float, default=None, help="e.g. 0.9998")
+    g.add_argument("--ema-decay", type=float, default=None, help="EMA of the weights, e.g. 0.9998")
     g.add_argument("--grad-clip", type=float, default=None, help="max gradient norm")
     g = p.add_argument_group("run")
     add_run_args(g, log_every=20, save_every=500)
-    g.add_argument("--eval-batch-size", type=int, default=256)
+    g.add_argument("--eval-batch-size", type=int, default=256, help="images per eval forward")
     return p
+
+
+def check_inputs(args: argparse.Namespace) -> None:
+    """Every path and number a user can get wrong, before anything is built or written."""
+    require_dir(args.train_dir, "--train-dir")
+    require_dir(args.val_dir, "--val-dir")
+    if args.eval_batch_size < 1:
+        raise ValueError(f"--eval-batch-size must be >= 1, got {args.eval_batch_size}")
 
 
 def build_model(args: argparse.Namespace, num_classes: int) -> nn.Module:
@@ -94,9 +134,12 @@ def build_model(args: argparse.Namespace, num_classes: int) -> nn.Module:
     config = attn_vision.get_model_config(args.model, **overrides)
     if hasattr(config, "drop_path_rate"):
         overrides["drop_path_rate"] = args.drop_path
-    if args.pretrained is False:
-        return attn_vision.create_model(args.model, num_classes=num_classes, **overrides)
-    model = attn_vision.create_model(args.model, pretrained=args.pretrained, **overrides)
+    try:
+        if args.pretrained is False:
+            return attn_vision.create_model(args.model, num_classes=num_classes, **overrides)
+        model = attn_vision.create_model(args.model, pretrained=args.pretrained, **overrides)
+    except (TypeError, KeyError) as e:  # e.g. a --set value of the wrong type
+        raise ValueError(f"cannot build {args.model!r}: {e}") from None
     if model.num_classes != num_classes:
         model.reset_classifier(num_classes)
         model.pretrained_cfg["num_classes"] = num_classes
@@ -127,7 +170,8 @@ def train_transform(args: argparse.Namespace, data_cfg: dict[str, Any]):
 def train(args: argparse.Namespace) -> dict[str, Any]:
     from timm.utils import ModelEmaV3
 
-    run = at.start_run(args)
+    check_inputs(args)
+    run = at.start_run(args)  # checks the run flags; writes nothing yet
     classes = ImageFolderDataset(args.train_dir).classes  # the class list sizes the head
     model = build_model(args, len(classes)).to(run.d.device)
     model.pretrained_cfg["label_names"] = classes  # timm's field for the class names
@@ -135,6 +179,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     eval_tf = attn_vision.create_transform(model, crop_pct=args.crop_pct)
     train_tf = eval_tf if args.no_augment else train_transform(args, data_cfg)
     data = ImageFolderDataset(args.train_dir, train_tf, seed=args.seed)
+    data.check_readable()  # no image decodes: stop now, before anything is written
     val = ImageFolderDataset(args.val_dir, eval_tf) if args.val_dir is not None else None
     if val is not None and val.classes != classes:
         raise ValueError(f"{args.val_dir} has classes {val.classes}, train has {classes}")

@@ -7,26 +7,28 @@ Layout: ``train/``, ``val/`` (seen colour-shape pairs) and ``heldout/`` (pairs n
 ``train``) as ImageFolders (class = ``colour_shape``), ``train.csv`` / ``val.csv`` /
 ``heldout.csv`` in open_clip's convention (``filepath,title``), ``classnames.txt`` (all
 30 classes, for zero-shot) and ``meta.json``. Same arguments, same files.
+
+Exit codes: 0 done, 2 bad input (one ``error:`` line, nothing written), 130 Ctrl-C.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from attn_clip import shapes
+from attn_train.cli import make_parser, run_main
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = make_parser(__doc__)
     p.add_argument("out", type=Path, help="output folder")
     p.add_argument("--n-train", type=int, default=8000, help="training images (seen pairs)")
     p.add_argument("--n-val", type=int, default=600, help="validation images (seen pairs)")
     p.add_argument("--n-heldout", type=int, default=600, help="images of the held-out pairs")
-    p.add_argument("--image-size", type=int, default=64)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--image-size", type=int, default=64, help="pixels per side (>= 16)")
+    p.add_argument("--seed", type=int, default=0, help="generator seed")
     p.add_argument(
         "--captions",
         choices=["mixed", "full"],
@@ -46,8 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
     if min(args.n_train, args.n_val, args.n_heldout, args.uncoloured) < 0 or args.image_size < 16:
-        print("error: counts must be >= 0 and --image-size >= 16", file=sys.stderr)
-        raise SystemExit(2)
+        raise ValueError("counts must be >= 0 and --image-size >= 16")
+    if args.out.exists() and not args.out.is_dir():
+        raise ValueError(f"{args.out} is a file, not a folder")
     meta = shapes.write_dataset(
         args.out,
         n_train=args.n_train,
@@ -65,4 +68,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

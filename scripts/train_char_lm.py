@@ -1,4 +1,4 @@
-"""Train a character-level GPT (attn_nlp.DecoderOnlyLM) on any text file, then sample from it.
+r"""Train a character-level GPT (attn_nlp.DecoderOnlyLM) on any text file, then sample from it.
 
     uv run scripts/train_char_lm.py make-data data/rhymes.txt        # a generated toy text
     uv run scripts/train_char_lm.py train --text data/rhymes.txt --out runs/charlm --steps 2000
@@ -11,11 +11,16 @@ over the text -- drawn from ``(seed, epoch, i)``, so a resumed run sees the same
 uses AdamW with warm-up + cosine decay and the loop of ``attn_train.fit`` (autocast,
 gradient accumulation, DDP under torchrun, ``OUT/last`` saved atomically and resumed from).
 The last 10% of the text is held out for a validation loss.
+
+Exit codes: 0 done, 1 the loss became NaN / inf, 2 bad input (a missing or too short text,
+a missing model folder, ...: one ``error:`` line, nothing written), 130 Ctrl-C (the line
+names the last checkpoint; the same command resumes from it).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +28,14 @@ import attn_train as at
 import torch
 import torch.nn.functional as F
 from attn_train import synthetic
-from attn_train.cli import add_run_args, run_main
+from attn_train.cli import (
+    add_run_args,
+    add_subcommand,
+    make_parser,
+    require_dir,
+    require_file,
+    run_main,
+)
 
 
 class CharVocab:
@@ -62,51 +74,82 @@ def sample(model, vocab: CharVocab, prompt: str, **generation: Any) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    sub = p.add_subparsers(dest="command", required=True)
-    m = sub.add_parser("make-data", help="write a generated toy text")
-    m.add_argument("out", type=Path)
-    m.add_argument("--lines", type=int, default=5000)
-    m.add_argument("--seed", type=int, default=0)
+    p = make_parser(__doc__)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", help="what to do")
+    m = add_subcommand(sub, "make-data", "write a generated toy text (rhymes)")
+    m.add_argument("out", type=Path, help="output text file")
+    m.add_argument("--lines", type=int, default=5000, help="lines of text")
+    m.add_argument("--seed", type=int, default=0, help="generator seed")
 
-    t = sub.add_parser("train", help="train (resumes from OUT/last when present)")
-    t.add_argument("--text", type=Path, required=True)
-    t.add_argument("--context", type=int, default=128)
-    t.add_argument("--embed-dim", type=int, default=128)
-    t.add_argument("--depth", type=int, default=4)
-    t.add_argument("--heads", type=int, default=4)
-    t.add_argument("--pos-embed", default="rope", choices=["rope", "learned"])
-    t.add_argument("--dropout", type=float, default=0.1)
-    t.add_argument("--steps", type=int, default=2000)
-    t.add_argument("--batch-size", type=int, default=32)
-    t.add_argument("--accum", type=int, default=1)
-    t.add_argument("--lr", type=float, default=3e-3)
-    t.add_argument("--warmup", type=int, default=100)
-    t.add_argument("--weight-decay", type=float, default=0.1)
-    t.add_argument("--clip", type=float, default=1.0)
-    t.add_argument("--eval-every", type=int, default=200)
+    t = add_subcommand(
+        sub,
+        "train",
+        "train (resumes from OUT/last when present)",
+        "Train a character-level GPT on a UTF-8 text file.\n"
+        "Rerunning the same command resumes from OUT/last.",
+    )
+    t.add_argument("--text", type=Path, required=True, help="UTF-8 text file to learn")
+    t.add_argument("--context", type=int, default=128, help="characters per training window")
+    t.add_argument("--embed-dim", type=int, default=128, help="model width")
+    t.add_argument("--depth", type=int, default=4, help="decoder blocks")
+    t.add_argument("--heads", type=int, default=4, help="attention heads")
+    t.add_argument(
+        "--pos-embed", default="rope", choices=["rope", "learned"], help="position encoding"
+    )
+    t.add_argument("--dropout", type=float, default=0.1, help="dropout rate")
+    t.add_argument("--steps", type=int, default=2000, help="total updates")
+    t.add_argument("--batch-size", type=int, default=32, help="per process and micro-step")
+    t.add_argument("--accum", type=int, default=1, help="micro-steps per update")
+    t.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
+    t.add_argument("--warmup", type=int, default=100, help="warm-up updates")
+    t.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay")
+    t.add_argument("--clip", type=float, default=1.0, help="max gradient norm")
+    t.add_argument("--eval-every", type=int, default=200, help="updates between val losses")
     add_run_args(t, log_every=200, save_every=500)
 
-    s = sub.add_parser("sample", help="generate text from a checkpoint")
-    s.add_argument("--model", type=Path, required=True)
-    s.add_argument("--prompt", default="\n")
-    s.add_argument("--max-new-tokens", type=int, default=200)
-    s.add_argument("--temperature", type=float, default=0.8)
-    s.add_argument("--top-k", type=int, default=None)
-    s.add_argument("--top-p", type=float, default=1.0)
-    s.add_argument("--seed", type=int, default=0)
+    s = add_subcommand(sub, "sample", "generate text from a checkpoint")
+    s.add_argument("--model", type=Path, required=True, help="a checkpoint folder (OUT/last)")
+    s.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
+    s.add_argument("--max-new-tokens", type=int, default=200, help="characters to generate")
+    s.add_argument("--temperature", type=float, default=0.8, help="sampling temperature")
+    s.add_argument("--top-k", type=int, default=None, help="sample from the k likeliest only")
+    s.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
+    s.add_argument("--seed", type=int, default=0, help="sampling seed")
     return p
 
 
-def train(args: argparse.Namespace) -> dict[str, Any]:
-    from attn_nlp import DecoderOnlyLM, LMConfig, create_model, save_pretrained
+def read_text(path: Path) -> str:
+    """The text of ``--text``, or a ``ValueError`` that names the file."""
+    require_file(path, "--text")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--text {path} is not UTF-8 text ({e})") from None
 
-    run = at.start_run(args)
-    text = args.text.read_text(encoding="utf-8")
+
+def check_sizes(args: argparse.Namespace) -> None:
+    """``ValueError`` for a model size that cannot be built."""
+    for flag in ("context", "embed_dim", "depth", "heads"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if args.embed_dim % args.heads:
+        raise ValueError(f"--embed-dim {args.embed_dim} is not a multiple of --heads {args.heads}")
+
+
+def train(args: argparse.Namespace) -> dict[str, Any]:
+    from attn_nlp import DecoderOnlyLM, LMConfig, save_pretrained
+
+    check_sizes(args)
+    text = read_text(args.text)
     if len(text) < 10 * (args.context + 1):
-        raise ValueError(f"{args.text} is too short for --context {args.context}")
+        raise ValueError(f"--text {args.text} is too short for --context {args.context}")
+    run = at.start_run(args)  # checks the run flags; writes nothing yet
     if run.resume:
-        chars = create_model(at.find_checkpoint(run.last)).config.extra["chars"]
+
+        def read_chars(path: Path) -> list[str]:
+            return json.loads(path.read_text(encoding="utf-8"))["extra"]["chars"]
+
+        chars = at.read_checkpoint_file(at.find_checkpoint(run.last) / "config.json", read_chars)
     else:
         chars = sorted(set(text))
     vocab = CharVocab(chars)
@@ -178,10 +221,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.command == "sample":
         from attn_nlp import create_model
 
+        require_dir(args.model, "--model")
+        if not args.prompt:
+            raise ValueError("--prompt must not be empty")
         model = create_model(args.model)
+        if "chars" not in getattr(model.config, "extra", {}):
+            raise ValueError(f"--model {args.model} is not a character LM (no character set)")
         vocab = CharVocab(model.config.extra["chars"])
         torch.manual_seed(args.seed)
         n = min(args.max_new_tokens, model.config.max_positions - len(args.prompt))
+        if n < 1:
+            context = model.config.max_positions
+            raise ValueError(f"--prompt is {len(args.prompt)} characters; the context is {context}")
         text = sample(
             model,
             vocab,

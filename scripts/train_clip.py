@@ -1,4 +1,4 @@
-"""Train a CLIP from scratch, or fine-tune a pretrained one, on image-caption CSVs.
+r"""Train a CLIP from scratch, or fine-tune a pretrained one, on image-caption CSVs.
 
     # the generated shapes data and the bundled demo model (docs/training.md)
     uv run scripts/make_shapes.py data/shapes
@@ -22,6 +22,10 @@ gradient accumulation that gives exactly the large-batch loss (open_clip's
 against all of them), DDP with a differentiable all-gather. Outputs in ``--out``:
 ``last/``, ``best/`` (by the first zero-shot set), ``final/`` (open_clip layout),
 ``wise_ft/`` with ``--wise-ft-alpha``, ``log.jsonl``; rerun the same command to resume.
+
+Exit codes: 0 done, 1 the loss became NaN / inf, 2 bad input (a missing file, an unknown
+model, unavailable weights, no readable image, ...: one ``error:`` line, nothing written),
+130 Ctrl-C (the line names the last checkpoint; the same command resumes from it).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import argparse
 import json
 import math
 import os
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -39,11 +44,19 @@ import attn_train as at
 import torch
 from attn_core.hub import atomic_path, save_state_dict
 from attn_train import CsvImageTextDataset, ImageFolderDataset, collate_skip_unreadable
-from attn_train.cli import add_run_args, add_schedule_args, apply_overrides, run_main
+from attn_train.cli import (
+    add_run_args,
+    add_schedule_args,
+    apply_overrides,
+    make_parser,
+    require_dir,
+    require_file,
+    run_main,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = make_parser(__doc__)
     g = p.add_argument_group("model")
     g.add_argument(
         "--model",
@@ -57,7 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="config overrides from scratch, e.g. vision.layers=2 text.width=64 embed_dim=128",
     )
-    g.add_argument("--pretrained", default=None, help="tag (openai, ...) or a checkpoint")
+    g.add_argument(
+        "--pretrained", default=None, help="weights: a tag (openai, ...) or a checkpoint file"
+    )
     g.add_argument("--lock-image", action="store_true", help="freeze the image tower (LiT)")
     g.add_argument(
         "--wise-ft-alpha",
@@ -65,32 +80,71 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="also write wise_ft/: (1 - a) * initial + a * fine-tuned weights",
     )
-    g.add_argument("--grad-checkpointing", action="store_true")
+    g.add_argument(
+        "--grad-checkpointing", action="store_true", help="recompute activations (less memory)"
+    )
     g = p.add_argument_group("data")
     g.add_argument("--train-data", type=Path, required=True, help="CSV of image paths + captions")
-    g.add_argument("--csv-img-key", default="filepath")
-    g.add_argument("--csv-caption-key", default="title")
+    g.add_argument("--csv-img-key", default="filepath", help="the CSV's image path column")
+    g.add_argument("--csv-caption-key", default="title", help="the CSV's caption column")
     g.add_argument("--csv-separator", default=None, help="default: tab or comma, from the header")
     g.add_argument("--val-data", type=Path, default=None, help="CSV scored by retrieval recall")
-    g.add_argument("--zeroshot-dir", type=Path, action="append", default=[], help="ImageFolder")
+    g.add_argument(
+        "--zeroshot-dir",
+        type=Path,
+        action="append",
+        default=[],
+        help="ImageFolder scored zero-shot after every epoch (repeatable; the first picks best/)",
+    )
     g.add_argument("--zeroshot-classnames", type=Path, default=None, help="one class per line")
-    g.add_argument("--zeroshot-templates", nargs="+", default=["a photo of a {}."])
+    g.add_argument(
+        "--zeroshot-templates",
+        nargs="+",
+        default=["a photo of a {}."],
+        help="zero-shot prompts ({} is the class name)",
+    )
     g.add_argument("--no-augment", action="store_true", help="no random resized crop")
     g.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
+    g.add_argument(
+        "--warn-skipped-fraction",
+        type=float,
+        default=0.1,
+        help="warn when more than this fraction of an epoch's images is unreadable (a run "
+        "where none is readable stops with exit code 2)",
+    )
     g = p.add_argument_group("optimisation")
-    g.add_argument("--loss", choices=["clip", "siglip"], default="clip")
+    g.add_argument(
+        "--loss", choices=["clip", "siglip"], default="clip", help="InfoNCE or sigmoid loss"
+    )
     add_schedule_args(g, epochs=10, batch_size=128, lr=1e-3, warmup=100)
-    g.add_argument("--wd", type=float, default=0.1)
-    g.add_argument("--beta1", type=float, default=0.9)
-    g.add_argument("--beta2", type=float, default=0.98)
-    g.add_argument("--eps", type=float, default=1e-6)
+    g.add_argument("--wd", type=float, default=0.1, help="AdamW weight decay")
+    g.add_argument("--beta1", type=float, default=0.9, help="AdamW beta1")
+    g.add_argument("--beta2", type=float, default=0.98, help="AdamW beta2")
+    g.add_argument("--eps", type=float, default=1e-6, help="AdamW epsilon")
     g.add_argument("--min-lr-ratio", type=float, default=0.0, help="cosine floor, x --lr")
     g.add_argument("--grad-clip", type=float, default=None, help="max gradient norm")
     g = p.add_argument_group("run")
     add_run_args(g, log_every=20, save_every=200)
-    g.add_argument("--eval-batch-size", type=int, default=256)
-    g.add_argument("--export-fp16", type=Path, default=None, help="also write weights here")
+    g.add_argument("--eval-batch-size", type=int, default=256, help="images per eval forward")
+    g.add_argument(
+        "--export-fp16", type=Path, default=None, help="also write fp16 open_clip weights here"
+    )
     return p
+
+
+def check_inputs(args: argparse.Namespace) -> None:
+    """Every path and number a user can get wrong, before anything is built or written."""
+    require_file(args.train_data, "--train-data")
+    require_file(args.val_data, "--val-data")
+    require_file(args.zeroshot_classnames, "--zeroshot-classnames")
+    for folder in args.zeroshot_dir:
+        require_dir(folder, "--zeroshot-dir")
+    if args.export_fp16 is not None and args.export_fp16.is_dir():
+        raise ValueError(f"--export-fp16 {args.export_fp16} is a folder, not a file")
+    if args.wise_ft_alpha is not None and not 0.0 <= args.wise_ft_alpha <= 1.0:
+        raise ValueError(f"--wise-ft-alpha must be in [0, 1], got {args.wise_ft_alpha}")
+    if args.eval_batch_size < 1:
+        raise ValueError(f"--eval-batch-size must be >= 1, got {args.eval_batch_size}")
 
 
 def build_model(args: argparse.Namespace) -> attn_clip.CLIP:
@@ -100,7 +154,10 @@ def build_model(args: argparse.Namespace) -> attn_clip.CLIP:
         raise ValueError("--set changes the architecture: only for training from scratch")
     if args.pretrained is None and not from_folder:
         config = apply_overrides(attn_clip.get_model_config(args.model).to_dict(), args.set)
-        config = attn_clip.CLIPConfig.from_dict(config)
+        try:
+            config = attn_clip.CLIPConfig.from_dict(config)
+        except (TypeError, KeyError) as e:
+            raise ValueError(f"--set {' '.join(args.set)}: {e}") from None
         if args.loss == "siglip" and config.init_logit_bias is None:
             config.init_logit_scale, config.init_logit_bias = math.log(10.0), -10.0  # SigLIP
         model = attn_clip.create_model(config)
@@ -142,6 +199,10 @@ def evaluate(model, tokenizer, zs_sets, val_set, args, device) -> dict[str, floa
             if batch is not None:
                 img.append(model.encode_image(batch[0].to(device), normalize=True))
                 txt.append(model.encode_text(batch[1].to(device), normalize=True))
+        if not img:
+            message = f"--val-data {args.val_data}: no image is readable; recall skipped"
+            warnings.warn(message, stacklevel=2)
+            return out
         img, txt = torch.cat(img), torch.cat(txt)
         out.update({f"val/{k}": v for k, v in attn_clip.retrieval_metrics(img, txt).items()})
     return out
@@ -151,9 +212,8 @@ def evaluate(model, tokenizer, zs_sets, val_set, args, device) -> dict[str, floa
 
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
-    if args.wise_ft_alpha is not None and not 0.0 <= args.wise_ft_alpha <= 1.0:
-        raise ValueError(f"--wise-ft-alpha must be in [0, 1], got {args.wise_ft_alpha}")
-    run = at.start_run(args)
+    check_inputs(args)
+    run = at.start_run(args)  # checks the run flags; writes nothing yet
     device = run.d.device
     model = build_model(args).to(device)
     if args.lock_image:
@@ -165,6 +225,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     eval_tf = attn_clip.image_transform(model.preprocess_cfg)
     csv = dict(img_key=args.csv_img_key, caption_key=args.csv_caption_key, sep=args.csv_separator)
     data = CsvImageTextDataset(args.train_data, train_tf, tokenizer, seed=args.seed, **csv)
+    data.check_readable()  # no image decodes: stop now, before anything is written
     val_set = (
         CsvImageTextDataset(args.val_data, eval_tf, tokenizer, **csv) if args.val_data else None
     )
@@ -193,6 +254,11 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     else:
         loss_fn = attn_clip.SigLipLoss()
     init_path = args.out / "wise_ft_init.safetensors"
+    if args.wise_ft_alpha is not None and run.resume and not init_path.is_file():
+        raise ValueError(
+            f"--wise-ft-alpha: {run.last} was trained without it (no {init_path.name}); "
+            "start fresh with --no-resume"
+        )
     if args.wise_ft_alpha is not None and not run.resume and run.d.is_main:
         save_state_dict(model.state_dict(), init_path)
 

@@ -1,4 +1,4 @@
-"""Train an attn_nlp.TextClassifier (Transformer encoder + pooling + head) on a CSV file.
+r"""Train an attn_nlp.TextClassifier (Transformer encoder + pooling + head) on a CSV file.
 
     uv run scripts/train_text_classifier.py make-data data/reviews      # train.csv, dev.csv
     uv run scripts/train_text_classifier.py train --train data/reviews/train.csv \
@@ -8,7 +8,11 @@ The CSV has a header with ``text`` and ``label`` columns (labels are any strings
 vocabulary is trained on the texts with ``tokenizers``. Cross-entropy, AdamW with warm-up +
 cosine decay, and the loop of ``attn_train.fit``: autocast, gradient accumulation, torchrun
 DDP, atomic ``OUT/last`` checkpoints with exact resume, dev accuracy after each epoch (best
-kept in ``OUT/best``), JSONL log.
+kept in ``OUT/best``), a progress bar (``--quiet``: none) and a JSONL log.
+
+Exit codes: 0 done, 1 the loss became NaN / inf, 2 bad input (a missing or malformed CSV,
+...: one ``error:`` line, nothing written), 130 Ctrl-C (the line names the last checkpoint;
+the same command resumes from it).
 """
 
 from __future__ import annotations
@@ -21,17 +25,24 @@ import attn_train as at
 import torch
 import torch.nn.functional as F
 from attn_train import synthetic
-from attn_train.cli import add_run_args, add_schedule_args, run_main
+from attn_train.cli import (
+    add_run_args,
+    add_schedule_args,
+    add_subcommand,
+    make_parser,
+    require_file,
+    run_main,
+)
 
 
 class Encoded(torch.utils.data.Dataset):
     """``(token ids, label index)`` items; labels outside ``labels`` are an error."""
 
-    def __init__(self, rows, tokenizer, labels: list[str], max_len: int) -> None:
+    def __init__(self, rows, tokenizer, labels: list[str], max_len: int, source: str = "") -> None:
         index = {label: i for i, label in enumerate(labels)}
         unknown = sorted({lab for _, lab in rows} - index.keys())
         if unknown:
-            raise ValueError(f"labels not seen in training: {unknown}")
+            raise ValueError(f"{source}labels not seen in training: {unknown}")
         ids = tokenizer.encode_target([t for t, _ in rows])
         self.items = [
             (x[:max_len] or [tokenizer.unk_id], index[lab])
@@ -63,36 +74,58 @@ def accuracy(model, loader, device) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    sub = p.add_subparsers(dest="command", required=True)
-    m = sub.add_parser("make-data", help="write generated train.csv / dev.csv")
-    m.add_argument("out", type=Path)
-    m.add_argument("--n-train", type=int, default=5000)
-    m.add_argument("--n-dev", type=int, default=500)
-    m.add_argument("--seed", type=int, default=0)
+    p = make_parser(__doc__)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", help="what to do")
+    m = add_subcommand(sub, "make-data", "write generated train.csv / dev.csv reviews")
+    m.add_argument("out", type=Path, help="output folder")
+    m.add_argument("--n-train", type=int, default=5000, help="training reviews")
+    m.add_argument("--n-dev", type=int, default=500, help="dev reviews")
+    m.add_argument("--seed", type=int, default=0, help="generator seed")
 
-    t = sub.add_parser("train", help="train (resumes from OUT/last when present)")
-    t.add_argument("--train", type=Path, required=True)
-    t.add_argument("--dev", type=Path)
-    t.add_argument("--vocab-size", type=int, default=2000)
-    t.add_argument("--max-len", type=int, default=64)
-    t.add_argument("--embed-dim", type=int, default=64)
-    t.add_argument("--depth", type=int, default=2)
-    t.add_argument("--heads", type=int, default=4)
-    t.add_argument("--pool", default="cls", choices=["cls", "mean"])
-    t.add_argument("--dropout", type=float, default=0.1)
+    t = add_subcommand(
+        sub,
+        "train",
+        "train (resumes from OUT/last when present)",
+        "Train a Transformer-encoder text classifier on a CSV with 'text' and 'label' columns.\n"
+        "Rerunning the same command resumes from OUT/last.",
+    )
+    t.add_argument("--train", type=Path, required=True, help="CSV with text,label columns")
+    t.add_argument("--dev", type=Path, help="CSV scored (accuracy) after each epoch")
+    t.add_argument("--vocab-size", type=int, default=2000, help="BPE vocabulary size")
+    t.add_argument("--max-len", type=int, default=64, help="tokens kept per text")
+    t.add_argument("--embed-dim", type=int, default=64, help="model width")
+    t.add_argument("--depth", type=int, default=2, help="encoder blocks")
+    t.add_argument("--heads", type=int, default=4, help="attention heads")
+    t.add_argument(
+        "--pool", default="cls", choices=["cls", "mean"], help="[cls] token or mean pooling"
+    )
+    t.add_argument("--dropout", type=float, default=0.1, help="dropout rate")
     add_schedule_args(t, epochs=5, batch_size=32, lr=1e-3, warmup=50)
     add_run_args(t, log_every=20, save_every=500)
     return p
 
 
+def check_inputs(args: argparse.Namespace) -> None:
+    """Every path and size a user can get wrong, before anything is built or written."""
+    require_file(args.train, "--train")
+    require_file(args.dev, "--dev")
+    for flag in ("max_len", "embed_dim", "depth", "heads", "vocab_size"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if args.embed_dim % args.heads:
+        raise ValueError(f"--embed-dim {args.embed_dim} is not a multiple of --heads {args.heads}")
+
+
 def train(args: argparse.Namespace) -> dict[str, Any]:
     from attn_nlp import BPETokenizer, ClassifierConfig, TextClassifier, save_pretrained
 
-    run = at.start_run(args)
+    check_inputs(args)
+    run = at.start_run(args)  # checks the run flags; writes nothing yet
     rows = at.read_labelled_csv(args.train)
+    dev_rows = at.read_labelled_csv(args.dev) if args.dev else None
     if run.resume:
-        tokenizer = BPETokenizer.from_file(at.find_checkpoint(run.last) / "tokenizer.json")
+        found = at.find_checkpoint(run.last)
+        tokenizer = at.read_checkpoint_file(found / "tokenizer.json", BPETokenizer.from_file)
     else:
         tokenizer = BPETokenizer.train([t for t, _ in rows], vocab_size=args.vocab_size)
     labels = sorted({lab for _, lab in rows})
@@ -116,12 +149,12 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         data, args.batch_size, run.d, seed=args.seed, collate_fn=lambda b: collate(b, pad)
     )
     dev_loader = None
-    if args.dev:
-        dev = Encoded(at.read_labelled_csv(args.dev), tokenizer, labels, args.max_len)
+    if dev_rows is not None:
+        dev = Encoded(dev_rows, tokenizer, labels, args.max_len, f"--dev {args.dev}: ")
         dev_loader = torch.utils.data.DataLoader(
             dev, batch_size=128, collate_fn=lambda b: collate(b, pad)
         )
-    max_steps, _ = at.plan_steps(len(loader), args.accum, args.epochs, args.max_steps)
+    max_steps, epochs = at.plan_steps(len(loader), args.accum, args.epochs, args.max_steps)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     scheduler = at.lambda_lr(optimizer, at.cosine_schedule(args.warmup, max_steps))
 
@@ -134,7 +167,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     config = at.LoopConfig.from_args(
         args,
         max_steps,
-        args.epochs,
+        epochs,
         eval_event="dev",
         best_metric="accuracy",
         start={"labels": labels, "vocab": tokenizer.vocab_size},

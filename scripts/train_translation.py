@@ -1,4 +1,4 @@
-"""Train an attn-nlp encoder-decoder Transformer on a TSV parallel corpus.
+r"""Train an attn-nlp encoder-decoder Transformer on a TSV parallel corpus.
 
     # a generated English-number-words -> Chinese-numerals corpus (train.tsv, dev.tsv)
     uv run scripts/train_translation.py make-data numbers data/numbers
@@ -14,11 +14,16 @@ bf16/fp16 autocast, gradient accumulation and DDP under torchrun; ``OUT/last`` i
 atomically every ``--save-every`` steps and each epoch, and a rerun resumes from it exactly.
 After each epoch the dev set is translated and scored with sacrebleu (BLEU, chrF, exact
 match); the best checkpoint by BLEU is kept in ``OUT/best``. Logs: console + ``OUT/log.jsonl``.
+
+Exit codes: 0 done, 1 the loss became NaN / inf, 2 bad input (a missing file, an unknown
+preset or ``--set`` key, ...: one ``error:`` line, nothing written), 130 Ctrl-C (the line
+names the last checkpoint; the same command resumes from it).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +31,15 @@ import attn_train as at
 import torch
 import torch.nn.functional as F
 from attn_train import synthetic
-from attn_train.cli import add_run_args, add_schedule_args, parse_overrides, run_main
+from attn_train.cli import (
+    add_run_args,
+    add_schedule_args,
+    add_subcommand,
+    make_parser,
+    parse_overrides,
+    require_file,
+    run_main,
+)
 
 
 class ParallelData(torch.utils.data.Dataset):
@@ -75,25 +88,33 @@ def evaluate(model, tokenizer, pairs, device, beams: int, batch_size: int = 64) 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    sub = p.add_subparsers(dest="command", required=True)
-    m = sub.add_parser("make-data", help="write a generated parallel corpus")
-    m.add_argument("kind", choices=["numbers", "dates"])
-    m.add_argument("out", type=Path)
-    m.add_argument("--n-train", type=int, default=20000)
-    m.add_argument("--n-dev", type=int, default=500)
-    m.add_argument("--seed", type=int, default=0)
+    p = make_parser(__doc__)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", help="what to do")
+    m = add_subcommand(sub, "make-data", "write a generated parallel corpus (train.tsv, dev.tsv)")
+    m.add_argument("kind", choices=["numbers", "dates"], help="which generated task")
+    m.add_argument("out", type=Path, help="output folder")
+    m.add_argument("--n-train", type=int, default=20000, help="training pairs")
+    m.add_argument("--n-dev", type=int, default=500, help="dev pairs")
+    m.add_argument("--seed", type=int, default=0, help="generator seed")
 
-    t = sub.add_parser("train", help="train (resumes from OUT/last when present)")
+    t = add_subcommand(
+        sub,
+        "train",
+        "train (resumes from OUT/last when present)",
+        "Train an encoder-decoder Transformer on a TSV parallel corpus.\n"
+        "Rerunning the same command resumes from OUT/last.",
+    )
     t.add_argument("--train", type=Path, required=True, help="TSV: source<TAB>target")
     t.add_argument("--dev", type=Path, help="TSV dev set scored after each epoch")
     t.add_argument("--tokenizer", type=Path, help="tokenizer.json to reuse (default: train BPE)")
-    t.add_argument("--vocab-size", type=int, default=2000)
-    t.add_argument("--preset", default="transformer-tiny")
-    t.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="embed_dim=256")
+    t.add_argument("--vocab-size", type=int, default=2000, help="BPE vocabulary size")
+    t.add_argument("--preset", default="transformer-tiny", help="attn_nlp Transformer preset")
+    t.add_argument(
+        "--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides: embed_dim=256"
+    )
     t.add_argument("--max-len", type=int, default=64, help="truncate longer sequences")
     add_schedule_args(t, epochs=10, batch_size=64, lr=1e-3, warmup=400)
-    t.add_argument("--label-smoothing", type=float, default=0.1)
+    t.add_argument("--label-smoothing", type=float, default=0.1, help="cross-entropy smoothing")
     t.add_argument("--clip", type=float, default=1.0, help="max gradient norm")
     t.add_argument("--beams", type=int, default=4, help="beam size for dev decoding")
     t.add_argument("--dev-limit", type=int, default=500, help="dev pairs scored per epoch")
@@ -101,32 +122,55 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_inputs(args: argparse.Namespace) -> dict[str, Any]:
+    """Check the paths and ``--set`` before anything is built or written; the overrides."""
+    from attn_nlp import TransformerConfig, get_config
+
+    require_file(args.train, "--train")
+    require_file(args.dev, "--dev")
+    require_file(args.tokenizer, "--tokenizer")
+    for flag, value in (("--max-len", args.max_len), ("--beams", args.beams)):
+        if value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    get_config(args.preset)  # ValueError naming the presets
+    known = [f.name for f in dataclasses.fields(TransformerConfig)]
+    return parse_overrides(args.set, known=known)
+
+
 def train(args: argparse.Namespace) -> dict[str, Any]:
     from attn_nlp import BPETokenizer, Transformer, get_config, save_pretrained
 
-    run = at.start_run(args)
+    overrides = check_inputs(args)
+    run = at.start_run(args)  # checks the run flags; writes nothing yet
     pairs = at.read_tsv(args.train)
     dev_pairs = at.read_tsv(args.dev)[: args.dev_limit] if args.dev else []
     if run.resume:
-        tokenizer = BPETokenizer.from_file(at.find_checkpoint(run.last) / "tokenizer.json")
+        found = at.find_checkpoint(run.last)
+        tokenizer = at.read_checkpoint_file(found / "tokenizer.json", BPETokenizer.from_file)
     elif args.tokenizer:
-        tokenizer = BPETokenizer.from_file(args.tokenizer)
+        try:
+            tokenizer = BPETokenizer.from_file(args.tokenizer)
+        except Exception as e:  # tokenizers raises a bare Exception
+            raise ValueError(f"--tokenizer {args.tokenizer}: not a tokenizer.json ({e})") from None
     else:
         texts = [s for s, _ in pairs] + [t for _, t in pairs]
         tokenizer = BPETokenizer.train(texts, vocab_size=args.vocab_size)
     pad, bos, eos = tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id
-    config = get_config(
-        args.preset,
-        **{
-            "src_vocab_size": tokenizer.vocab_size,
-            "pad_id": pad,
-            "bos_id": bos,
-            "eos_id": eos,
-            "max_positions": max(args.max_len, 8),
-            **parse_overrides(args.set),
-        },
-    )
-    model = Transformer(config).to(run.d.device)
+    try:
+        config = get_config(
+            args.preset,
+            **{
+                "src_vocab_size": tokenizer.vocab_size,
+                "pad_id": pad,
+                "bos_id": bos,
+                "eos_id": eos,
+                "max_positions": max(args.max_len, 8),
+                **overrides,
+            },
+        )
+        model = Transformer(config).to(run.d.device)
+    except (TypeError, ValueError, AssertionError) as e:  # e.g. embed_dim % num_heads != 0
+        raise ValueError(f"cannot build {args.preset} with --set {args.set}: {e}") from None
     model.generation_config = model.generation_config.update(
         num_beams=args.beams, max_length=config.max_positions
     )
@@ -134,7 +178,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     loader = at.make_loader(
         data, args.batch_size, run.d, seed=args.seed, collate_fn=lambda b: collate(b, pad, bos, eos)
     )
-    max_steps, _ = at.plan_steps(len(loader), args.accum, args.epochs, args.max_steps)
+    max_steps, epochs = at.plan_steps(len(loader), args.accum, args.epochs, args.max_steps)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, betas=(0.9, 0.98), eps=1e-9)
     scheduler = at.lambda_lr(optimizer, at.inverse_sqrt_schedule(args.warmup))
 
@@ -153,7 +197,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     config = at.LoopConfig.from_args(
         args,
         max_steps,
-        args.epochs,
+        epochs,
         grad_clip=args.clip,
         eval_event="dev",
         best_metric="bleu",

@@ -48,6 +48,9 @@ def test_full_captions_option(ms, tmp_path):
 
 
 def test_bad_arguments_exit_2(ms, tmp_path, capsys):
+    from attn_train.cli import run_main
+
     with pytest.raises(SystemExit) as e:
-        ms.main([str(tmp_path), "--n-train", "-1"])
+        run_main(lambda: ms.main([str(tmp_path / "out"), "--n-train", "-1"]))
     assert e.value.code == 2 and "counts must be >= 0" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

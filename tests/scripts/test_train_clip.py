@@ -176,8 +176,11 @@ def test_corrupt_images_are_skipped_and_counted(tc, data, tmp_path):
     rows += [f"{tmp_path / 'truncated.png'},a red circle", f"{tmp_path / 'text.png'},a red star"]
     (tmp_path / "mixed.csv").write_text("filepath,title\n" + "\n".join(rows) + "\n")
     args = ["--train-data", str(tmp_path / "mixed.csv"), *TINY, "--batch-size", "8"]
-    with pytest.warns(UserWarning, match="skipping unreadable image"):
+    with pytest.warns(UserWarning) as caught:
         result = tc.main([*args, "--epochs", "2", "--out", str(tmp_path / "run")])
+    messages = [str(w.message) for w in caught]
+    assert sum(m.startswith("skipping unreadable image") for m in messages) == 2
+    assert "2 of 16 training items (12%) were unreadable images in epoch 0" in " ".join(messages)
     assert result["skipped_images"] == 4  # two bad files, two epochs
     assert result["step"] == 4
     assert (

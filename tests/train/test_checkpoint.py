@@ -8,7 +8,14 @@ import shutil
 
 import pytest
 import torch
-from attn_train import Distributed, find_checkpoint, load_checkpoint, read_progress
+from attn_train import (
+    Distributed,
+    ResumeError,
+    find_checkpoint,
+    load_checkpoint,
+    read_checkpoint_file,
+    read_progress,
+)
 from attn_train import save_checkpoint as save
 from torch import nn
 
@@ -103,3 +110,29 @@ def test_ema_is_saved_and_restored(tmp_path):
     save(tmp_path / "plain", d, model=model, optimizer=optimizer, progress={"step": 3})
     with pytest.raises(FileNotFoundError, match="ema.safetensors"):
         load_checkpoint(tmp_path / "plain", d, model=other, ema=other_ema)
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "trainer_state.pt"])
+def test_a_truncated_checkpoint_is_one_line_that_says_how_to_start_over(tmp_path, name):
+    d = Distributed()
+    model, optimizer = parts(0)
+    save(tmp_path / "last", d, model=model, optimizer=optimizer, progress={"step": 3})
+    path = tmp_path / "last" / name
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(ResumeError) as e:
+        load_checkpoint(tmp_path / "last", d, model=model, optimizer=optimizer)
+    message = str(e.value)
+    assert "\n" not in message and f"{path} is truncated or corrupt" in message
+    assert "--no-resume" in message and f"remove {tmp_path / 'last'}" in message
+
+
+def test_a_checkpoint_of_another_model_is_named(tmp_path):
+    d = Distributed()
+    model, optimizer = parts(0)
+    save(tmp_path / "last", d, model=model, optimizer=optimizer, progress={"step": 3})
+    wider = nn.Sequential(nn.Linear(3, 5), nn.LayerNorm(5))
+    with pytest.raises(ResumeError, match=r"model.safetensors does not fit this run \(.*size"):
+        load_checkpoint(tmp_path / "last", d, model=wider)
+    assert read_checkpoint_file(tmp_path / "last" / "trainer_state.pt", lambda p: p.name)
+    with pytest.raises(ResumeError, match=r"tokenizer.json is truncated or corrupt"):
+        read_checkpoint_file(tmp_path / "last" / "tokenizer.json", lambda p: p.read_text())

@@ -1,14 +1,34 @@
-"""attn_train.cli and schedules: overrides, exits, step planning, per-group lr scales."""
+"""attn_train.cli and schedules: overrides, input checks, --help defaults, exits (one line
+each), step planning, per-group lr scales."""
 
 from __future__ import annotations
 
 import argparse
 import math
+import warnings
 
 import pytest
 import torch
-from attn_train import LoopConfig, NonFiniteLossError, cosine_schedule, lambda_lr, plan_steps
-from attn_train.cli import add_run_args, apply_overrides, parse_overrides, run_main
+from attn_train import (
+    LoopConfig,
+    NonFiniteLossError,
+    TrainingInterrupted,
+    check_device,
+    cosine_schedule,
+    lambda_lr,
+    plan_steps,
+    start_run,
+)
+from attn_train.cli import (
+    HelpFormatter,
+    add_run_args,
+    apply_overrides,
+    check_run_args,
+    parse_overrides,
+    require_dir,
+    require_file,
+    run_main,
+)
 
 
 def test_overrides():
@@ -67,3 +87,90 @@ def test_lambda_lr_scales_groups():
     assert [g["lr"] for g in opt.param_groups] == pytest.approx([0.5, 1.0])
     sched.step()
     assert opt.param_groups[1]["lr"] == pytest.approx(0.5 * (1 + math.cos(math.pi / 2)))
+
+
+def test_help_shows_defaults_except_none_false_and_those_already_named():
+    p = argparse.ArgumentParser(formatter_class=HelpFormatter)
+    p.add_argument("--seed", type=int, default=0, help="a seed")
+    p.add_argument("--lr", type=float, default=1e-3, help="learning rate")
+    p.add_argument("--device", default=None, help="a device")
+    p.add_argument("--quiet", action="store_true", help="no bar")
+    p.add_argument("--sep", default="tab", help="default: from the header")
+    text = " ".join(p.format_help().split())
+    assert "a seed (default: 0)" in text and "learning rate (default: 0.001)" in text
+    assert "a device --quiet" in text and "no bar" in text and text.count("(default:") == 2
+    assert "default: from the header" in text
+
+
+def test_input_checks_name_the_flag(tmp_path):
+    (tmp_path / "f.txt").write_text("x")
+    require_file(tmp_path / "f.txt", "--text")
+    require_dir(tmp_path, "--out")
+    require_file(None, "--dev")
+    with pytest.raises(ValueError, match=r"^--text .*nope.txt: no such file$"):
+        require_file(tmp_path / "nope.txt", "--text")
+    with pytest.raises(ValueError, match="is a folder, not a file"):
+        require_file(tmp_path, "--text")
+    with pytest.raises(ValueError, match="--train-dir .*: no such folder"):
+        require_dir(tmp_path / "nope", "--train-dir")
+    with pytest.raises(ValueError, match="is a file, not a folder"):
+        require_dir(tmp_path / "f.txt", "--train-dir")
+    p = argparse.ArgumentParser()
+    add_run_args(p)
+    for argv, message in (
+        (["--out", str(tmp_path / "f.txt")], "--out .* is a file"),
+        (["--out", "x", "--log-every", "0"], "--log-every must be >= 1, got 0"),
+        (["--out", "x", "--threads", "-1"], "--threads must be >= 1"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            check_run_args(p.parse_args(argv))
+    with pytest.raises(ValueError, match=r"unknown config key\(s\) \['depht'\]; known: \['depth'"):
+        parse_overrides(["depht=2"], known=["depth", "width"])
+
+
+def test_check_device():
+    assert check_device("cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match="--device 'gpu7' is not a device name"):
+        check_device("gpu7")
+    with pytest.raises(ValueError, match=r"--device cuda:99: (CUDA is not available|only \d+ GPU)"):
+        check_device("cuda:99")
+
+
+def test_start_run_writes_nothing(tmp_path):
+    p = argparse.ArgumentParser()
+    add_run_args(p)
+    run = start_run(p.parse_args(["--out", str(tmp_path / "run"), "--device", "cpu"]))
+    assert not run.resume and not (tmp_path / "run").exists()  # made by the first log record
+    run.log.log({"event": "start"})
+    assert (tmp_path / "run" / "log.jsonl").is_file()
+
+
+def exit_of(main, capsys) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as e:
+        run_main(main)
+    return e.value.code, capsys.readouterr().err
+
+
+def test_run_main_lines_codes_and_warnings(capsys):
+    from attn_core.hub import WeightsError
+
+    def interrupted():
+        raise TrainingInterrupted("the last checkpoint is runs/x/last (update 4); rerun")
+
+    assert exit_of(interrupted, capsys) == (
+        130,
+        "interrupted: the last checkpoint is runs/x/last (update 4); rerun\n",
+    )
+
+    def unavailable():
+        raise WeightsError("no weights:\n  pass one (pretrained=<path>)")
+
+    assert exit_of(unavailable, capsys) == (2, "error: no weights: pass one (--pretrained PATH)\n")
+    assert exit_of(lambda: 3, capsys) == (3, "")  # an int from main() is the exit code
+    assert exit_of(lambda: {"step": 1}, capsys) == (0, "")
+
+    def warns():
+        warnings.warn("two\nlines", UserWarning, stacklevel=1)
+        return 0
+
+    assert exit_of(warns, capsys) == (0, "warning: two lines\n")

@@ -13,6 +13,7 @@ from attn_train.data import (
     Collated,
     CsvImageTextDataset,
     ImageFolderDataset,
+    UnreadableDataError,
     UnreadableImageWarning,
     collate_skip_unreadable,
     make_loader,
@@ -167,3 +168,23 @@ def test_loader_order_depends_on_seed_and_epoch_and_skips_a_prefix():
     assert sorted(ranks) == data  # each rank its own half
     with pytest.raises(ValueError, match="batch-size"):
         make_loader(data, 0, Distributed())
+
+
+def test_a_csv_whose_images_are_all_missing_or_unreadable_is_refused(root, tmp_path):
+    missing = tmp_path / "missing.csv"
+    missing.write_text("filepath,title\nnope/a.png,a\nnope/b.png,b\n")
+    with pytest.raises(ValueError, match=r"none of its 2 image paths is a file .*nope/a.png"):
+        CsvImageTextDataset(missing)  # at once: no image is opened
+    truncated, text = corrupt_files(tmp_path, next(root.rglob("*.png")))
+    bad = tmp_path / "bad.csv"
+    bad.write_text(f"filepath,title\n{truncated},a\n{text},b\n")
+    ds = CsvImageTextDataset(bad)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # check_readable warns about nothing
+        with pytest.raises(UnreadableDataError, match=rf"none of the 2 images .*{truncated}"):
+            ds.check_readable()
+    first = (root / "train.csv").read_text().splitlines()[1].split(",")[0]
+    good = tmp_path / "good.csv"
+    good.write_text(f"filepath,title\n{truncated},a\n{root / first},b\n")
+    CsvImageTextDataset(good).check_readable()  # one readable image is enough
+    ImageFolderDataset(root / "heldout").check_readable()

@@ -1,19 +1,35 @@
 """attn_train.loop.fit on a tiny model: accumulation equals the big batch, a NaN / inf
 loss stops cleanly with the last good checkpoint untouched, and stop + resume is exact
-(dropout, shuffling, accumulation, EMA, schedule, evaluation that draws random numbers)."""
+(dropout, shuffling, accumulation, EMA, schedule, evaluation that draws random numbers);
+Ctrl-C names the checkpoint, unreadable items warn / stop the run, and the progress bar is
+as long as the run."""
 
 from __future__ import annotations
 
 import importlib.util
+import io
 import os
 import socket
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
-from attn_train import LoopConfig, NonFiniteLossError, fit, make_loader, start_run
+import tqdm
+from attn_train import (
+    LoopConfig,
+    NonFiniteLossError,
+    SkippedImagesWarning,
+    TrainingInterrupted,
+    UnreadableDataError,
+    collate_skip_unreadable,
+    fit,
+    lambda_lr,
+    make_loader,
+    start_run,
+)
 from safetensors.torch import load_file
 from torch import nn
 
@@ -117,3 +133,85 @@ def test_torchrun_two_processes_with_accumulation_equal_one_process(tmp_path):
     b = load_file(tmp_path / "ddp" / "last" / "model.safetensors")
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4)
+
+
+def fit_tiny(out: Path, loss_fn=worker.mse, items=None, batch_size=8, **config) -> dict:
+    """fit() of a linear model on ``items`` (default: the worker's 32 pairs; None items are
+    unreadable ones); ``config``: LoopConfig fields."""
+    run = start_run(worker.args(out))
+    model = nn.Linear(4, 2)
+    data = worker.dataset() if items is None else items
+    loader = make_loader(data, batch_size, run.d, seed=0, collate_fn=collate_skip_unreadable)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    scheduler = lambda_lr(optimizer, lambda step: 1.0)
+    cfg = LoopConfig(**{"max_steps": 4, "epochs": 100, "quiet": True, **config})
+    return fit(run, model, optimizer, scheduler, loader, cfg, loss_fn=loss_fn)
+
+
+def interrupt_at(call: int):
+    """A loss function that is Ctrl-C'd at its ``call``-th call."""
+    calls = iter(range(1, 10**6))
+
+    def loss_fn(model, batch):
+        if next(calls) == call:
+            raise KeyboardInterrupt
+        return worker.mse(model, batch)
+
+    return loss_fn
+
+
+def test_ctrl_c_names_the_checkpoint_to_resume_from(tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(TrainingInterrupted) as e:
+        fit_tiny(out, interrupt_at(3), save_every=1)
+    assert str(e.value) == (
+        f"the last checkpoint is {out / 'last'} (update 2); run the same command again to "
+        "resume from it"
+    )
+    with pytest.raises(KeyboardInterrupt, match="no checkpoint had been written yet"):
+        fit_tiny(tmp_path / "early", interrupt_at(1), save_every=None)
+
+
+def test_unreadable_items_warn_above_the_limit_and_stop_when_all_are(tmp_path):
+    pairs = worker.dataset()
+    with pytest.raises(UnreadableDataError, match="none of the 32 training items read in epoch 0"):
+        fit_tiny(tmp_path / "none", items=[None] * 32)
+    assert not (tmp_path / "none" / "last").exists()  # no untrained checkpoint
+    some = [None if i % 4 == 0 else p for i, p in enumerate(pairs)]  # 25% unreadable
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fit_tiny(tmp_path / "some", items=some, max_steps=8)  # two epochs
+        fit_tiny(tmp_path / "ok", items=some, warn_skipped_fraction=0.3)
+    assert result["skipped_images"] == 16
+    found = [str(w.message) for w in caught if issubclass(w.category, SkippedImagesWarning)]
+    assert found == [
+        "8 of 32 training items (25%) were unreadable images in epoch 0, more than "
+        "--warn-skipped-fraction 0.1; they were skipped (check the data)"
+    ]  # once a run, and not at all under the limit
+
+
+class Bar(tqdm.tqdm):
+    """A silent tqdm that remembers its instances."""
+
+    made: list[Bar] = []
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **{**kwargs, "file": io.StringIO()})
+        Bar.made.append(self)
+
+
+@pytest.mark.parametrize("accum, max_steps", [(1, 6), (3, 3), (2, 5)])
+def test_the_progress_bar_counts_the_updates_that_run(tmp_path, monkeypatch, accum, max_steps):
+    monkeypatch.setattr(tqdm, "tqdm", Bar)
+    Bar.made.clear()
+    result = fit_tiny(tmp_path / "run", max_steps=max_steps, accum=accum, quiet=False)
+    (bar,) = Bar.made  # one bar for the run: 4 batches an epoch, so several epochs
+    assert bar.total == bar.n == result["step"] == max_steps
+    Bar.made.clear()  # a resumed run counts on from where it stopped
+    result = fit_tiny(tmp_path / "run", max_steps=max_steps + 2, accum=accum, quiet=False)
+    (bar,) = Bar.made
+    assert (bar.initial, bar.total, bar.n) == (max_steps, max_steps + 2, result["step"])
+    Bar.made.clear()  # epochs end the run before max_steps: the bar knows
+    fit_tiny(tmp_path / "short", max_steps=100, epochs=2, accum=accum, quiet=False)
+    (bar,) = Bar.made
+    assert bar.total == bar.n == 2 * (4 // accum)

@@ -9,27 +9,45 @@
 * :mod:`~attn_train.optim` -- timm's weight-decay / layer-decay parameter groups;
   :mod:`~attn_train.schedules` -- warm-up + cosine / inverse-sqrt for ``LambdaLR``.
 * :mod:`~attn_train.synthetic` -- generated NLP toy tasks; :mod:`~attn_train.cli` -- the
-  shared flags and exits; :mod:`~attn_train.metrics` -- top-k accuracy.
+  shared flags, input checks, help layout and exits (bad input 2, NaN 1, Ctrl-C 130);
+  :mod:`~attn_train.metrics` -- top-k accuracy.
 """
 
 from .amp import autocast, make_scaler, resolve_precision
-from .checkpoint import find_checkpoint, load_checkpoint, read_progress, save_checkpoint
+from .checkpoint import (
+    ResumeError,
+    find_checkpoint,
+    load_checkpoint,
+    read_checkpoint_file,
+    read_progress,
+    save_checkpoint,
+)
 from .contrastive import contrastive_step
 from .data import (
     Collated,
     CsvImageTextDataset,
     ImageFolderDataset,
     ResumableSampler,
+    UnreadableDataError,
     collate_skip_unreadable,
     make_loader,
 )
-from .distributed import Distributed, cleanup_distributed, setup_distributed, unwrap, wrap_ddp
+from .distributed import (
+    Distributed,
+    check_device,
+    cleanup_distributed,
+    setup_distributed,
+    unwrap,
+    wrap_ddp,
+)
 from .log import RunLogger
 from .loop import (
     LoopConfig,
     NonFiniteLossError,
     Run,
+    SkippedImagesWarning,
     StepContext,
+    TrainingInterrupted,
     check_finite,
     fit,
     loss_step,
@@ -50,10 +68,15 @@ __all__ = [
     "NonFiniteLossError",
     "RandomWindows",
     "ResumableSampler",
+    "ResumeError",
     "Run",
     "RunLogger",
+    "SkippedImagesWarning",
     "StepContext",
+    "TrainingInterrupted",
+    "UnreadableDataError",
     "autocast",
+    "check_device",
     "check_finite",
     "classification_metrics",
     "cleanup_distributed",
@@ -71,6 +94,7 @@ __all__ = [
     "pad_rows",
     "param_groups",
     "plan_steps",
+    "read_checkpoint_file",
     "read_labelled_csv",
     "read_progress",
     "read_tsv",

@@ -11,6 +11,8 @@ It is assembled as ``NAME.tmp`` and swapped in with ``os.replace`` (the previous
 parked as ``NAME.old`` for the instant of the swap), so a crash -- even ``kill -9`` while
 writing -- never leaves a half-written ``NAME``. Loading restores every piece, so a resumed
 run continues bit for bit: the sampler position comes from ``progress["batches"]``.
+A checkpoint that cannot be resumed from (a truncated or corrupt file, or one that does not
+fit the model) raises :class:`ResumeError`: one line naming the file and how to start over.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import random
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -28,9 +30,43 @@ from torch import nn
 
 from .distributed import Distributed, barrier, seed_everything, unwrap
 
-__all__ = ["find_checkpoint", "load_checkpoint", "read_progress", "save_checkpoint"]
+__all__ = [
+    "ResumeError",
+    "find_checkpoint",
+    "load_checkpoint",
+    "read_checkpoint_file",
+    "read_progress",
+    "save_checkpoint",
+]
 
 MODEL, EMA, STATE = "model.safetensors", "ema.safetensors", "trainer_state.pt"
+T = TypeVar("T")
+
+
+class ResumeError(ValueError):
+    """A checkpoint cannot be resumed from: a truncated / corrupt file, or another model's."""
+
+
+def _resume_error(path: Path, e: Exception, *, fits: bool = False) -> ResumeError:
+    detail = " ".join(str(e).split())
+    detail = f"{type(e).__name__}: {detail[:300]}" if detail else type(e).__name__
+    if fits:
+        why = f"does not fit this run ({detail}); were the model options changed?"
+    else:
+        why = f"is truncated or corrupt ({detail})."
+    return ResumeError(
+        f"cannot resume: {path} {why} Start fresh with --no-resume, or remove {path.parent}"
+    )
+
+
+def read_checkpoint_file(path: str | Path, read: Callable[[Path], T]) -> T:
+    """``read(path)`` for a file of a checkpoint being resumed (a tokenizer, a config): any
+    failure becomes a one-line :class:`ResumeError` that names the file."""
+    path = Path(path)
+    try:
+        return read(path)
+    except Exception as e:
+        raise _resume_error(path, e) from None
 
 
 def _rng_state() -> dict[str, Any]:
@@ -111,6 +147,24 @@ def save_checkpoint(
     return directory if d.is_main else None
 
 
+def _read_state(path: Path) -> dict[str, Any]:
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or not {"progress", "optimizer", "rng"} <= state.keys():
+        raise ValueError("not a trainer state")
+    return state
+
+
+def _load_weights(model: nn.Module, path: Path, d: Distributed) -> None:
+    """safetensors' ``load_model``; a :class:`ResumeError` if the file is unreadable or does
+    not fit ``model``."""
+    from safetensors.torch import load_model
+
+    try:
+        load_model(model, str(path), device=str(d.device))
+    except Exception as e:  # SafetensorError: truncated / corrupt; RuntimeError: other model
+        raise _resume_error(path, e, fits=type(e).__name__ != "SafetensorError") from None
+
+
 def find_checkpoint(directory: str | Path) -> Path | None:
     """``directory`` if it holds a complete checkpoint (or the ``.old`` copy of a swap)."""
     directory = Path(directory)
@@ -143,23 +197,27 @@ def load_checkpoint(
     With another number of processes than the run that saved, training continues but
     not bit-exactly (the RNGs are reseeded).
     """
-    from safetensors.torch import load_model
-
     found = find_checkpoint(directory)
     if found is None:
         raise FileNotFoundError(f"no checkpoint in {directory}")
-    load_model(unwrap(model), str(found / MODEL), device=str(d.device))
-    state = torch.load(found / STATE, map_location="cpu", weights_only=True)
-    if optimizer is not None:
-        optimizer.load_state_dict(state["optimizer"])
-    if scheduler is not None and state["scheduler"] is not None:
-        scheduler.load_state_dict(state["scheduler"])
-    if scaler is not None and state["scaler"] is not None:
-        scaler.load_state_dict(state["scaler"])
+    _load_weights(unwrap(model), found / MODEL, d)
+    state = read_checkpoint_file(found / STATE, _read_state)
+    try:
+        if optimizer is not None:
+            optimizer.load_state_dict(state["optimizer"])
+        if scheduler is not None and state["scheduler"] is not None:
+            scheduler.load_state_dict(state["scheduler"])
+        if scaler is not None and state["scaler"] is not None:
+            scaler.load_state_dict(state["scaler"])
+    except (ValueError, KeyError, RuntimeError) as e:
+        raise _resume_error(found / STATE, e, fits=True) from None
     if ema is not None:
         if not (found / EMA).is_file():
-            raise FileNotFoundError(f"{found} has no {EMA} (was the run started without EMA?)")
-        load_model(ema.module, str(found / EMA), device=str(d.device))
+            raise FileNotFoundError(
+                f"cannot resume: {found} has no {EMA} (was the run started without EMA?). "
+                f"Start fresh with --no-resume, or remove {found}"
+            )
+        _load_weights(ema.module, found / EMA, d)
         gen = _ema_generator(ema)
         if gen is not None and state.get("ema_rng") is not None:
             gen.set_state(state["ema_rng"])

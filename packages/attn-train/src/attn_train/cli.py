@@ -1,34 +1,107 @@
-"""What every recipe's command line shares: the run flags, ``--set KEY=VALUE`` overrides,
-and the exits (NaN stop: 1, bad input: 2, Ctrl-C: 130)."""
+"""What every recipe's command line shares: the help layout, the run flags, input checks,
+``--set KEY=VALUE`` overrides, and the exits.
+
+Exit codes of :func:`run_main`: 0 done, 1 a NaN / inf loss stopped the run, 2 bad input
+(one ``error:`` line on stderr, nothing written), 130 Ctrl-C (one line saying where the
+last checkpoint is; the same command resumes from it).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import sys
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from .amp import PRECISIONS
 
 __all__ = [
+    "HelpFormatter",
     "add_run_args",
     "add_schedule_args",
+    "add_subcommand",
     "apply_overrides",
+    "check_run_args",
+    "make_parser",
+    "one_line",
     "parse_overrides",
+    "require_dir",
+    "require_file",
     "run_main",
 ]
+
+
+# -- --help --------------------------------------------------------------------------------
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """--help keeps the description's layout and shows each option's default (those that
+    are not None / False / empty and not already named in the help text)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        empty = default is None or default is False or default is argparse.SUPPRESS
+        if empty or default in ([], ()) or "default" in text:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def _examples(doc: str) -> str:
+    """The first indented block of a module docstring (its usage examples)."""
+    lines, block = doc.splitlines(), []
+    for line in lines[1:]:
+        if line.startswith("    "):
+            block.append(line)
+        elif block and line.strip():
+            break
+    return "\n".join(block).rstrip()
+
+
+def make_parser(doc: str, **kwargs: Any) -> argparse.ArgumentParser:
+    """A recipe's parser: :class:`HelpFormatter`, the docstring's first line as the
+    description and its example block as the epilog."""
+    examples = _examples(doc)
+    return argparse.ArgumentParser(
+        description=doc.strip().splitlines()[0],
+        epilog=f"examples:\n{examples}" if examples else None,
+        formatter_class=HelpFormatter,
+        **kwargs,
+    )
+
+
+def add_subcommand(
+    sub: Any, name: str, help: str, description: str | None = None
+) -> argparse.ArgumentParser:
+    """``sub.add_parser`` with :class:`HelpFormatter` and a description (default: ``help``)."""
+    return sub.add_parser(
+        name, help=help, description=description or help, formatter_class=HelpFormatter
+    )
+
+
+# -- the shared flags ----------------------------------------------------------------------
 
 
 def add_run_args(p: Any, *, log_every: int = 20, save_every: int = 500) -> None:
     """``--out --seed --device --threads --precision --log-every --save-every --no-resume
     --quiet`` on a parser or argument group (read by :func:`attn_train.start_run`)."""
-    p.add_argument("--out", type=Path, required=True, help="run directory")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    p.add_argument(
+        "--out", type=Path, required=True, help="run folder (rerun the same command to resume)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of init, data order, augmentation")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if any)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads per process")
-    p.add_argument("--precision", default="auto", choices=PRECISIONS)
+    p.add_argument(
+        "--precision",
+        default="auto",
+        choices=PRECISIONS,
+        help="autocast dtype; auto = bf16 on a GPU that has it, else fp32",
+    )
     p.add_argument("--log-every", type=int, default=log_every, help="updates between log lines")
     p.add_argument("--save-every", type=int, default=save_every, help="updates between checkpoints")
     p.add_argument("--no-resume", action="store_true", help="start over even if OUT/last exists")
@@ -38,17 +111,67 @@ def add_run_args(p: Any, *, log_every: int = 20, save_every: int = 500) -> None:
 
 def add_schedule_args(p: Any, *, epochs: int, batch_size: int, lr: float, warmup: int) -> None:
     """``--epochs --max-steps --batch-size --accum --lr --warmup``."""
-    p.add_argument("--epochs", type=int, default=epochs)
+    p.add_argument("--epochs", type=int, default=epochs, help="passes over the training data")
     p.add_argument("--max-steps", type=int, default=None, help="total updates (sets the schedule)")
     p.add_argument("--batch-size", type=int, default=batch_size, help="per process and micro-step")
     p.add_argument("--accum", type=int, default=1, help="micro-steps per update")
-    p.add_argument("--lr", type=float, default=lr)
+    p.add_argument("--lr", type=float, default=lr, help="peak learning rate")
     p.add_argument("--warmup", type=int, default=warmup, help="warm-up updates")
 
 
-def parse_overrides(items: list[str]) -> dict[str, Any]:
+# -- input checks --------------------------------------------------------------------------
+
+_AT_LEAST_ONE = (
+    "threads",
+    "log_every",
+    "save_every",
+    "epochs",
+    "max_steps",
+    "steps",
+    "batch_size",
+    "accum",
+    "eval_every",
+)
+
+
+def check_run_args(args: Any) -> None:
+    """``ValueError`` naming the flag for a shared flag out of range, or an ``--out`` that is
+    a file (only the flags ``args`` has are checked)."""
+    for name in _AT_LEAST_ONE:
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    out = getattr(args, "out", None)
+    if out is not None and Path(out).exists() and not Path(out).is_dir():
+        raise ValueError(f"--out {out} is a file, not a folder")
+
+
+def require_file(path: str | os.PathLike | None, flag: str) -> None:
+    """``ValueError`` unless ``path`` (if given) is an existing file."""
+    if path is None:
+        return
+    if Path(path).is_dir():
+        raise ValueError(f"{flag} {path} is a folder, not a file")
+    if not Path(path).is_file():
+        raise ValueError(f"{flag} {path}: no such file")
+
+
+def require_dir(path: str | os.PathLike | None, flag: str) -> None:
+    """``ValueError`` unless ``path`` (if given) is an existing folder."""
+    if path is None:
+        return
+    if Path(path).is_file():
+        raise ValueError(f"{flag} {path} is a file, not a folder")
+    if not Path(path).is_dir():
+        raise ValueError(f"{flag} {path}: no such folder")
+
+
+# -- --set ---------------------------------------------------------------------------------
+
+
+def parse_overrides(items: list[str], known: Iterable[str] | None = None) -> dict[str, Any]:
     """``["depth=6", "qkv_bias=false"]`` -> ``{"depth": 6, "qkv_bias": False}`` (JSON values,
-    else the string)."""
+    else the string). With ``known``, a key not in it is a ``ValueError`` that names it."""
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -58,6 +181,11 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
             out[key] = json.loads(value)
         except json.JSONDecodeError:
             out[key] = value
+    if known is not None:
+        names = sorted(known)
+        unknown = sorted(out.keys() - set(names))
+        if unknown:
+            raise ValueError(f"--set: unknown config key(s) {unknown}; known: {names}")
     return out
 
 
@@ -75,22 +203,51 @@ def apply_overrides(config: dict[str, Any], items: list[str]) -> dict[str, Any]:
     return config
 
 
-def run_main(main: Callable[[], Any]) -> None:
-    """Run a recipe's ``main()`` as a command: one ``error:`` line on stderr and exit 1 for a
-    NaN / inf loss, 2 for bad input (``ValueError``, ``OSError``, weights errors), 130 for
-    Ctrl-C."""
+# -- exits ---------------------------------------------------------------------------------
+
+
+def one_line(message: Any) -> str:
+    """A message on one line, in the words of the command line (``--pretrained PATH``)."""
+    text = " ".join(str(message).split()) or type(message).__name__
+    text = text.replace("pretrained=<path>", "--pretrained PATH")
+    return re.sub(r"\bpretrained=(['\"])(.*?)\1", r"--pretrained \2", text)
+
+
+def _show_warning(
+    message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None
+) -> None:
+    from tqdm import tqdm
+
+    tqdm.write(f"warning: {one_line(message)}", file=sys.stderr)  # keeps the bar intact
+
+
+def _is_main_rank() -> bool:
+    return os.environ.get("RANK", "0") == "0"
+
+
+def run_main(main: Callable[[], Any]) -> NoReturn:
+    """Run a recipe's ``main()`` as a command and exit: 0 (or ``main()``'s int), 1 with one
+    ``error:`` line for a NaN / inf loss, 2 for bad input (``ValueError``, ``OSError``,
+    weights errors), 130 with one ``interrupted`` line for Ctrl-C. Warnings print as one
+    ``warning:`` line each."""
     from attn_core.hub import WeightsError
 
     from .loop import NonFiniteLossError
 
+    show, warnings.showwarning = warnings.showwarning, _show_warning
     try:
-        main()
+        result = main()
+        code = result if isinstance(result, int) else 0
     except NonFiniteLossError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(1) from None
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        code = 1
     except (ValueError, OSError, WeightsError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        raise SystemExit(130) from None
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        code = 2
+    except KeyboardInterrupt as e:  # attn_train.TrainingInterrupted says where to resume
+        if _is_main_rank():
+            print("interrupted" + (f": {one_line(e)}" if str(e) else ""), file=sys.stderr)
+        code = 130
+    finally:
+        warnings.showwarning = show
+    raise SystemExit(code)

@@ -14,7 +14,10 @@
 Unreadable images (missing, truncated, not an image) never crash a run: the item comes
 back as ``None``, a warning names the file (once per file and process), and
 :func:`collate_skip_unreadable` drops it and returns a :class:`Collated` that says how many
-it dropped; the training loop sums that over ranks.
+it dropped; the training loop sums that over ranks, warns when too many were skipped and
+stops when none was readable. A CSV none of whose image paths exists is refused at once;
+``dataset.check_readable()`` (before a run writes anything) refuses a data set none of
+whose images can be decoded, reading only up to the first good one.
 
 Augmentation can be made independent of worker and rank: with ``seed`` set, the random
 transform of item ``i`` in epoch ``e`` always draws the same numbers
@@ -44,6 +47,7 @@ __all__ = [
     "CsvImageTextDataset",
     "ImageFolderDataset",
     "ResumableSampler",
+    "UnreadableDataError",
     "UnreadableImageWarning",
     "collate_skip_unreadable",
     "load_rgb",
@@ -108,6 +112,10 @@ class UnreadableImageWarning(UserWarning):
     """An image could not be read and its sample was skipped."""
 
 
+class UnreadableDataError(ValueError):
+    """No image of the training data could be read: nothing to train on."""
+
+
 def load_rgb(path: str | os.PathLike) -> Image.Image:
     """Open and fully decode an image as RGB (raises ``OSError`` & co. when unreadable)."""
     with Image.open(path) as img:
@@ -130,6 +138,31 @@ class _SkipAndSeed:
     def set_epoch(self, epoch: int) -> None:
         """Random transforms of epoch ``epoch`` (only matters with ``seed`` set)."""
         self.epoch = epoch
+
+    @property
+    def source(self) -> str:
+        """The CSV or folder the items come from (for messages)."""
+        raise NotImplementedError
+
+    def image_paths(self) -> list[str]:
+        """Every item's image path, in item order."""
+        raise NotImplementedError
+
+    def check_readable(self) -> None:
+        """:class:`UnreadableDataError` unless some image decodes (reads up to the first that
+        does; no transform, no random numbers, no warnings)."""
+        paths = self.image_paths()
+        first = ""
+        for path in paths:
+            try:
+                load_rgb(path)
+                return
+            except _UNREADABLE as e:
+                first = first or f"{path}: {type(e).__name__}: {e}"
+        raise UnreadableDataError(
+            f"none of the {len(paths)} images of {self.source} can be read (missing, truncated "
+            f"or not images): nothing to train on. The first: {first}"
+        )
 
     @contextlib.contextmanager
     def _rng(self, index: int) -> Iterator[None]:
@@ -208,9 +241,21 @@ class CsvImageTextDataset(_SkipAndSeed, Dataset):
         base = self.path.parent
         self.images = [str(p if os.path.isabs(p) else base / p) for p, _ in rows]
         self.captions = [t for _, t in rows]
+        if not any(map(os.path.isfile, self.images)):  # stops at the first file found
+            raise ValueError(
+                f"{self.path}: none of its {len(rows)} image paths is a file (the first: "
+                f"{self.images[0]}; relative paths are read from the CSV's folder)"
+            )
 
     def __len__(self) -> int:
         return len(self.images)
+
+    @property
+    def source(self) -> str:
+        return str(self.path)
+
+    def image_paths(self) -> list[str]:
+        return self.images
 
     def __getitem__(self, index: int) -> tuple[Any, Any] | None:
         img = self._load(index, self.images[index])
@@ -244,6 +289,13 @@ class ImageFolderDataset(_SkipAndSeed, ImageFolder):
         self._classnames = list(classnames) if classnames is not None else None
         self._init_common(seed)
         super().__init__(str(root), transform=transform, allow_empty=classnames is not None)
+
+    @property
+    def source(self) -> str:
+        return str(self.root)
+
+    def image_paths(self) -> list[str]:
+        return [path for path, _ in self.samples]
 
     def find_classes(self, directory: str | os.PathLike) -> tuple[list[str], dict[str, int]]:
         folders, _ = super().find_classes(directory)

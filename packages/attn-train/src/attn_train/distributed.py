@@ -27,6 +27,7 @@ __all__ = [
     "all_reduce_min",
     "all_reduce_sum",
     "barrier",
+    "check_device",
     "cleanup_distributed",
     "maybe_no_sync",
     "seed_everything",
@@ -57,22 +58,42 @@ class Distributed:
 def setup_distributed(device: str | None = None, threads: int | None = None) -> Distributed:
     """Join the ``torchrun`` process group if launched by it, else run as one process.
 
-    ``device`` None picks ``cuda:LOCAL_RANK`` when CUDA is available, else CPU.
-    ``threads`` sets torch's intra-op CPU threads (1 is fastest for small models on a
-    busy machine).
+    ``device`` None picks ``cuda:LOCAL_RANK`` when CUDA is available, else CPU; a device
+    this machine lacks is a ``ValueError``. ``threads`` sets torch's intra-op CPU threads
+    (1 is fastest for small models on a busy machine).
     """
+    if device is not None:
+        check_device(device)
     if threads:
         torch.set_num_threads(threads)
     want_cuda = torch.cuda.is_available() if device is None else device.startswith("cuda")
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
         if want_cuda:
+            check_device(f"cuda:{local_rank}")  # one GPU per process
             torch.cuda.set_device(local_rank)
         if not dist.is_initialized():
             dist.init_process_group("nccl" if want_cuda else "gloo")
         dev = torch.device(f"cuda:{local_rank}" if want_cuda else "cpu")
         return Distributed(dist.get_rank(), dist.get_world_size(), local_rank, dev)
     return Distributed(device=torch.device(device or ("cuda" if want_cuda else "cpu")))
+
+
+def check_device(name: str) -> torch.device:
+    """``torch.device(name)``, or a ``ValueError`` (in ``--device`` words) when it is not a
+    device name or this machine does not have it."""
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise ValueError(f"--device {name!r} is not a device name ({e})") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {name}: CUDA is not available on this machine")
+        if (device.index or 0) >= torch.cuda.device_count():
+            raise ValueError(f"--device {name}: only {torch.cuda.device_count()} GPU(s) here")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"--device {name}: MPS is not available on this machine")
+    return device
 
 
 def cleanup_distributed() -> None:

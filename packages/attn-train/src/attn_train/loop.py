@@ -22,6 +22,11 @@ sampler position.
 
 Batches from :func:`attn_train.data.collate_skip_unreadable` (a ``Collated``) have their
 dropped items counted over ranks, and under DDP are trimmed to the smallest local batch.
+A pass over the data in which more than ``warn_skipped_fraction`` of the items were
+unreadable warns (:class:`SkippedImagesWarning`, once a run); one in which none was readable
+stops the run (:class:`UnreadableDataError`). Ctrl-C raises :class:`TrainingInterrupted`,
+whose message names the last checkpoint. The progress bar counts the updates this run will
+make (one bar for the run).
 A recipe whose update is not "sum of micro-batch losses" (CLIP's exact contrastive
 accumulation) passes ``step_fn`` instead of ``loss_fn``: it gets the update's micro-batches
 and a :class:`StepContext`, and must call ``ctx.check(loss)`` before any backward.
@@ -32,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import math
 import random
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +49,8 @@ from torch.utils.data import DataLoader
 
 from .amp import autocast, make_scaler, resolve_precision
 from .checkpoint import find_checkpoint, load_checkpoint, read_progress, save_checkpoint
-from .data import Collated
+from .cli import check_run_args
+from .data import Collated, UnreadableDataError
 from .distributed import (
     Distributed,
     all_reduce_mean,
@@ -62,7 +69,10 @@ __all__ = [
     "LoopConfig",
     "NonFiniteLossError",
     "Run",
+    "SkippedImagesWarning",
     "StepContext",
+    "TrainingInterrupted",
+    "UnreadableDataError",
     "check_finite",
     "fit",
     "loss_step",
@@ -97,9 +107,10 @@ class Run:
 
 def start_run(args: Any) -> Run:
     """Set up a run from the flags every recipe shares (``--device --threads --seed
-    --precision --out --no-resume``, see :func:`attn_train.cli.add_run_args`): join the
-    process group, seed every RNG, resolve the precision, open the log, look for
-    ``OUT/last``."""
+    --precision --out --no-resume``, see :func:`attn_train.cli.add_run_args`): check them
+    (``ValueError``), join the process group, seed every RNG, resolve the precision, look
+    for ``OUT/last``. Nothing is written: ``OUT`` is made by the first log record."""
+    check_run_args(args)
     d = setup_distributed(args.device, args.threads)
     seed_everything(args.seed, d.rank)
     precision = resolve_precision(args.precision, d.device)
@@ -113,6 +124,14 @@ def start_run(args: Any) -> Run:
 
 class NonFiniteLossError(RuntimeError):
     """The loss became NaN / inf; the run stopped without saving anything."""
+
+
+class SkippedImagesWarning(UserWarning):
+    """More than ``LoopConfig.warn_skipped_fraction`` of a pass's items were unreadable."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`fit`; the message names the last checkpoint to resume from."""
 
 
 def check_finite(
@@ -212,15 +231,18 @@ class LoopConfig:
     eval_each_epoch: bool = True  # also evaluate after every epoch
     eval_event: str = "eval"  # the "event" of evaluation records
     best_metric: str | None = None  # evaluate()'s key to keep OUT/best by (higher is better)
+    warn_skipped_fraction: float = 0.1  # warn when more of a pass's items were unreadable
     quiet: bool = False  # no progress bar
     debug_nan_at_step: int | None = None  # tests: make this update's loss NaN
     start: dict[str, Any] = field(default_factory=dict)  # extra fields of the "start" record
 
     @classmethod
     def from_args(cls, args: Any, max_steps: int, epochs: int = 1, **fields: Any) -> LoopConfig:
-        """From the shared flags (``--accum --grad-clip --log-every --save-every --quiet``;
-        those a recipe lacks keep their defaults); ``fields`` set the rest."""
+        """From the shared flags (``--accum --grad-clip --log-every --save-every --quiet
+        --warn-skipped-fraction``; those a recipe lacks keep their defaults); ``fields`` set
+        the rest."""
         names = ("accum", "grad_clip", "log_every", "save_every", "quiet", "debug_nan_at_step")
+        names += ("warn_skipped_fraction",)
         found = {k: getattr(args, k) for k in names if hasattr(args, k)}
         return cls(max_steps=max_steps, epochs=epochs, **{**found, **fields})
 
@@ -269,6 +291,54 @@ def _batch_size(batch: Any) -> int:
     return _batch_size(next(iter(batch.values())) if isinstance(batch, dict) else batch[0])
 
 
+def _updates_left(loader: DataLoader, cfg: LoopConfig, progress: dict[str, Any]) -> int:
+    """The updates :func:`fit` will make from ``progress`` on: the rest of this epoch, then
+    whole epochs, at most up to ``max_steps`` (the progress bar's length)."""
+    if progress["epoch"] >= cfg.epochs:
+        return 0
+    samples: int = getattr(loader.sampler, "num_samples", 0)  # this rank's items an epoch
+    size = loader.batch_size or 1
+    batches = samples // size if loader.drop_last else math.ceil(samples / size)
+    per_epoch = batches // cfg.accum
+    this_epoch = per_epoch - progress["batches"] // cfg.accum
+    later = (cfg.epochs - progress["epoch"] - 1) * per_epoch
+    return max(0, min(cfg.max_steps - progress["step"], this_epoch + later))
+
+
+def _check_skipped(used: int, skipped: int, epoch: int, cfg: LoopConfig, warned: bool) -> bool:
+    """After a pass over the data: stop if no item was readable, warn (once a run) when more
+    than ``cfg.warn_skipped_fraction`` were not. Returns whether it has warned."""
+    if skipped and not used:
+        raise UnreadableDataError(
+            f"none of the {skipped} training items read in epoch {epoch} could be loaded "
+            "(every image was unreadable; the warnings name them): nothing to train on. "
+            "Check the image paths and files."
+        )
+    seen = used + skipped
+    if not warned and skipped > cfg.warn_skipped_fraction * seen:
+        warnings.warn(
+            f"{skipped} of {seen} training items ({skipped / seen:.0%}) were unreadable images "
+            f"in epoch {epoch}, more than --warn-skipped-fraction {cfg.warn_skipped_fraction:g}; "
+            "they were skipped (check the data)",
+            SkippedImagesWarning,
+            stacklevel=3,
+        )
+        return True
+    return warned
+
+
+def _resume_hint(run: Run) -> str:
+    """Where a stopped run would resume from, for the Ctrl-C message."""
+    found = find_checkpoint(run.last)
+    if found is None:
+        return "no checkpoint had been written yet; the same command starts the run over"
+    try:
+        step = f" (update {read_progress(found)['step']})"  # type: ignore[index]
+    except Exception:  # a checkpoint being swapped in at that instant
+        step = ""
+    return f"the last checkpoint is {found}{step}; run the same command again to resume from it"
+
+
 def fit(
     run: Run,
     model: nn.Module,
@@ -297,7 +367,9 @@ def fit(
 
     Returns ``step``, ``skipped_images``, the mean loss of the first and last few updates
     (``first_loss``, ``last_loss``), ``eval`` (the last evaluation's metrics, on rank 0) and
-    ``out``.
+    ``out``. Raises :class:`NonFiniteLossError`, :class:`UnreadableDataError`,
+    :class:`TrainingInterrupted` (Ctrl-C) and, when ``OUT/last`` cannot be resumed from,
+    :class:`attn_train.checkpoint.ResumeError`.
     """
     if (loss_fn is None) == (step_fn is None):
         raise TypeError("give fit() exactly one of loss_fn or step_fn")
@@ -370,6 +442,13 @@ def fit(
 
     losses: list[float] = []
     bar = None
+    if d.is_main and not cfg.quiet:
+        from tqdm import tqdm
+
+        total = progress["step"] + _updates_left(loader, cfg, progress)
+        desc = f"epoch {progress['epoch']}"
+        bar = tqdm(total=total, initial=progress["step"], desc=desc, unit="update", leave=False)
+    warned = False
     try:
         while progress["step"] < cfg.max_steps and progress["epoch"] < cfg.epochs:
             epoch = progress["epoch"]
@@ -378,23 +457,22 @@ def fit(
                 loader.dataset.set_epoch(epoch)
             sampler.skip(progress["batches"] * (loader.batch_size or 1))  # type: ignore[union-attr]
             set_train(ddp_model)
-            if d.is_main and not cfg.quiet:
-                from tqdm import tqdm
-
-                bar = tqdm(total=len(loader), desc=f"epoch {epoch}", leave=False)
+            if bar is not None:
+                bar.set_description(f"epoch {epoch}")
             micro: list[Any] = []
             stopped = evaluated = False
+            used = skipped = 0  # items of this pass trained on / unreadable (all ranks)
             for batch in loader:
                 if progress["step"] >= cfg.max_steps:
                     stopped = True
                     break
                 progress["batches"] += 1
-                if bar is not None:
-                    bar.update(1)
                 if isinstance(batch, Collated):  # unreadable images dropped
-                    batch, skipped = _readable(batch, d)
-                    progress["skipped_images"] += skipped
+                    batch, dropped = _readable(batch, d)
+                    progress["skipped_images"] += dropped
+                    skipped += dropped
                 if batch is not None:
+                    used += _batch_size(batch) * d.world_size
                     micro.append(_to_device(batch, d.device))
                 if progress["batches"] % cfg.accum or not micro:
                     continue
@@ -413,6 +491,8 @@ def fit(
                 if ema is not None:
                     ema.update(model, step=step)
                 losses.append(all_reduce_mean(float(loss), d))
+                if bar is not None:
+                    bar.update(1)
                 if step % cfg.log_every == 0 or step == 1:
                     lr = max(scheduler.get_last_lr())
                     record = {"step": step, "epoch": epoch, "loss": losses[-1], "lr": lr}
@@ -424,9 +504,7 @@ def fit(
                     run_eval()
                 if cfg.save_every and step % cfg.save_every == 0:
                     save("last")
-            if bar is not None:
-                bar.close()
-                bar = None
+            warned = _check_skipped(used, skipped, epoch, cfg, warned)
             if not stopped:  # a full epoch: the next one starts from its first batch
                 progress["epoch"] += 1
                 progress["batches"] = 0
@@ -434,11 +512,14 @@ def fit(
             if not evaluated and (cfg.eval_each_epoch or done):
                 run_eval()
             save("last")
-    except NonFiniteLossError:
-        if bar is not None:
-            bar.close()
+    except (NonFiniteLossError, UnreadableDataError):
         cleanup_distributed()
         raise
+    except KeyboardInterrupt:
+        raise TrainingInterrupted(_resume_hint(run)) from None
+    finally:
+        if bar is not None:
+            bar.close()
     if losses:
         k = max(1, min(5, len(losses) // 4))
         result.update(first_loss=sum(losses[:k]) / k, last_loss=sum(losses[-k:]) / k)
