@@ -1,6 +1,7 @@
 """The fast inference paths give the numbers of the plain ones (correctness only, no timings):
-text truncation + shared prefixes + length groups, the oneDNN block path of both towers,
-bf16 weights, and the O(L * w) sliding window at smaller versions of the benchmark shapes."""
+text truncation + shared prefixes + length groups, the oneDNN block path of both towers
+(attn_core.fast_inference), bf16 weights, and the O(L * w) sliding window at smaller
+versions of the benchmark shapes."""
 
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ from attn_clip import (
     create_model,
     load_checkpoint,
 )
-from attn_clip.text import _length_groups, _shared_prefixes
 from attn_core import attention, sliding_window_attention, sliding_window_mask
-from attn_vision.vit import fast_block_supported
+from attn_core.fast_inference import _length_groups, _shared_prefixes, block_supported
 from torch.testing import assert_close
 
 CTX = 24  # the 80 ImageNet prompts of these classes fit in 24 tokens
+TOL4 = {"atol": 1e-4, "rtol": 1e-4}
 
 
 def _model(h, precision: str = "fp32", text_cfg: dict | None = None):
@@ -40,11 +41,11 @@ def _prompts(n_classes: int) -> torch.Tensor:
 
 def _plain(model, fn):
     """Run ``fn`` with the fast inference paths off (the reference blocks)."""
-    model.visual.trunk.fast_inference = model.text.fast_inference = False
+    model.set_fast_inference(False)
     try:
         return fn()
     finally:
-        model.visual.trunk.fast_inference = model.text.fast_inference = True
+        model.set_fast_inference(True)
 
 
 @pytest.mark.parametrize(
@@ -109,7 +110,7 @@ def test_image_fast_path_equals_plain_blocks_and_open_clip(h, updates):
     ref = h.make_open_clip(cfg)
     model = create_model(CLIPConfig.from_open_clip(cfg))
     load_checkpoint(model, ref.state_dict())
-    assert all(fast_block_supported(b) for b in model.visual.trunk.blocks)
+    assert all(block_supported(b) for b in model.visual.trunk.blocks)
     images = torch.randn(3, 3, 32, 32)
     with torch.no_grad():
         fast = model.encode_image(images)  # patchify + oneDNN blocks + [CLS]-only last block
@@ -119,6 +120,22 @@ def test_image_fast_path_equals_plain_blocks_and_open_clip(h, updates):
         tokens = model.visual.trunk.forward_features(images)  # every token, fast blocks
         plain_tokens = _plain(model, lambda: model.visual.trunk.forward_features(images))
         assert_close(tokens, plain_tokens, atol=1e-5, rtol=1e-5)
+        assert torch.equal(model.visual(images), fast)  # one code path for both
+
+
+@pytest.mark.slow  # compiles both tiny towers (~15 s)
+def test_compiled_encoders_equal_eager(h):
+    torch.manual_seed(0)
+    model = create_model(CLIPConfig.from_open_clip(h.oc_cfg(text_cfg={"context_length": CTX})))
+    h.random_fill_(model)
+    compiled = create_model(CLIPConfig.from_open_clip(h.oc_cfg(text_cfg={"context_length": CTX})))
+    compiled.load_state_dict(model.state_dict())
+    assert compiled.compile_encoders() is compiled
+    images, tokens = torch.randn(3, 3, 32, 32), _prompts(1)
+    with torch.no_grad():
+        assert_close(compiled.encode_image(images), model.encode_image(images), **TOL4)
+        assert_close(compiled.encode_text(tokens), model.encode_text(tokens), **TOL4)
+    assert compiled.state_dict().keys() == model.state_dict().keys()  # compiled in place
 
 
 def test_bf16_weights_stay_close_to_fp32(h):

@@ -188,3 +188,30 @@ def test_bfloat16_weights_and_autocast_stay_close_to_fp32() -> None:
     assert auto.dtype == half.dtype == torch.bfloat16
     torch.testing.assert_close(auto.float(), ref, atol=3e-2, rtol=3e-2)
     torch.testing.assert_close(half.float(), ref, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},  # [CLS] pooling: the fast path computes only that row in the last block
+        {"global_pool": "avg", "init_values": 0.1, "act": "quick_gelu"},
+        {"pre_norm": True, "act": "gelu_tanh"},
+    ],
+)
+def test_fast_inference_equals_the_plain_modules(kwargs) -> None:
+    model = _tiny(**kwargs).eval()
+    with torch.no_grad():
+        for p in model.parameters():  # non-trivial biases and norms
+            p.add_(0.05 * torch.randn_like(p))
+    x = torch.randn(2, 3, 32, 48)  # another size than the position embedding's
+    with torch.inference_mode():
+        fast = model(x), model.forward_features(x), model.forward_pre_logits(x)
+        assert model.set_fast_inference(False) is model and not model.fast_inference
+        plain = model(x), model.forward_features(x), model.forward_pre_logits(x)
+        model.set_fast_inference(True)
+    for a, b in zip(fast, plain, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():  # forward_pre_logits == forward_head(forward_features, pre_logits)
+        torch.testing.assert_close(
+            fast[2], model.forward_head(model.forward_features(x), pre_logits=True)
+        )

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
+from attn_core.fast_inference import compile_module
 from torch import nn
 
 from .config import CLIPConfig, PreprocessConfig
@@ -78,12 +79,19 @@ class CLIP(nn.Module):
         """Clamp ``logit_scale`` into ``[0, ln 100]`` in place (call after each optimizer step)."""
         self.logit_scale.clamp_(0, LOGIT_SCALE_MAX)
 
+    def set_fast_inference(self, enable: bool = True) -> CLIP:
+        """Both towers' CPU inference fast path (:mod:`attn_core.fast_inference`: fused
+        oneDNN kernels on pre-packed weights, the text tower's shared prefixes and length
+        groups). On by default; it runs only in eval mode without autograd, on CPU fp32 /
+        bf16, with results equal to the plain modules' to float rounding. ``False`` runs
+        the plain modules and frees the packed weights."""
+        self.visual.set_fast_inference(enable)
+        self.text.set_fast_inference(enable)
+        return self
+
     def encode_image(self, images: torch.Tensor, normalize: bool = False) -> torch.Tensor:
-        """``(B, C, H, W)`` preprocessed images -> ``(B, E)`` embeddings."""
-        dtype = self.visual.trunk.patch_embed.proj.weight.dtype  # the layer images meet first
-        # trunk.forward_pre_logits == trunk.forward_head(trunk.forward_features(x), True),
-        # but lets the fast inference path skip the rows [CLS] pooling never reads
-        features = self.visual.proj(self.visual.trunk.forward_pre_logits(images.to(dtype)))
+        """``(B, C, H, W)`` preprocessed images -> ``(B, E)`` embeddings (``self.visual``)."""
+        features = self.visual(images)
         return F.normalize(features, dim=-1) if normalize else features
 
     def encode_text(
@@ -92,29 +100,28 @@ class CLIP(nn.Module):
         """``(T, L)`` token ids (see :mod:`attn_clip.tokenizer`) -> ``(T, E)`` embeddings.
 
         ``truncate=True`` encodes only up to the longest caption's pooled (EOT) token:
-        exact with the causal text tower, and ~7x faster on short prompts than all 77
+        exact with the causal text tower, and much faster on short prompts than all ``L``
         columns (``False``).
         """
         features = self.text(texts, truncate=truncate)
         return F.normalize(features, dim=-1) if normalize else features
 
     def compile_encoders(self, **compile_kwargs: Any) -> CLIP:
-        """``torch.compile`` both towers' inference paths in place; returns ``self``.
+        """``torch.compile`` both towers in place (``nn.Module.compile``); returns ``self``.
 
-        Compiles what ``encode_image`` runs (``visual.trunk.forward_pre_logits``) and the
-        text tower's encoders (``text.forward_features``, and the per-length-group encoder
-        of the CPU fast path) with ``dynamic=True`` by default, so new batch sizes and
-        caption lengths do not recompile. The first calls compile (tens of seconds on a
-        CPU); results equal the eager model's to float rounding. On CPU, Inductor fuses
-        the norms and adds around the same oneDNN matrix products the eager fast path
-        uses (an opaque custom op), so expect about eager speed; the gain is on GPUs.
-        Keyword arguments go to ``torch.compile``.
+        ``encode_image`` / ``encode_text`` then run the compiled ``visual`` / ``text``, with
+        ``dynamic=True`` by default so new batch sizes and caption lengths do not
+        recompile. The first calls compile (tens of seconds on a CPU); results equal the
+        eager model's to float rounding. On CPU the fused oneDNN product stays visible to
+        the compiler (:func:`attn_core.fast_inference.compile_module`), but the eager fast
+        path is as fast or faster: it has pre-packed weights, and only eager text shares
+        prompt prefixes (a Python planner over token lists; compiled text runs the batch
+        cut after its longest caption). The gain is on GPUs. Keyword arguments go to
+        ``torch.compile``.
         """
         kwargs = {"dynamic": True, **compile_kwargs}
-        trunk = self.visual.trunk
-        trunk.forward_pre_logits = torch.compile(trunk.forward_pre_logits, **kwargs)
-        self.text.forward_features = torch.compile(self.text.forward_features, **kwargs)
-        self.text._encode_group = torch.compile(self.text._encode_group, **kwargs)
+        compile_module(self.visual, **kwargs)
+        compile_module(self.text, **kwargs)
         return self
 
     def scale(self) -> torch.Tensor:

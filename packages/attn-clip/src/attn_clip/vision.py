@@ -57,11 +57,19 @@ class CLIPVisionTower(nn.Module):
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         self.trunk.set_grad_checkpointing(enable)
 
+    def set_fast_inference(self, enable: bool = True) -> CLIPVisionTower:
+        """The trunk's inference fast path (:meth:`VisionTransformer.set_fast_inference`)."""
+        self.trunk.set_fast_inference(enable)
+        return self
+
     def forward_features(self, images: torch.Tensor) -> torch.Tensor:
         """``(B, C, H, W)`` -> ``(B, N, D)`` tokens after the last block (and ``ln_post``)."""
         return self.trunk.forward_features(images)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        x = self.trunk.forward_features(images)  # (B, N, D)
-        x = self.trunk.forward_head(x, pre_logits=True)  # (B, D) pooled (+ ln_post after pool)
+        """``(B, C, H, W)`` images (cast to the weights' dtype) -> ``(B, E)``."""
+        images = images.to(self.trunk.patch_embed.proj.weight.dtype)  # the first layer's
+        # == trunk.forward_head(trunk.forward_features(x), pre_logits=True), but with [CLS]
+        # pooling the fast path computes only that row in the last block
+        x = self.trunk.forward_pre_logits(images)  # (B, D) pooled (+ ln_post after pool)
         return self.proj(x)  # (B, E)

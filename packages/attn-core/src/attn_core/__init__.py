@@ -4,9 +4,11 @@
 ``scaled_dot_product_attention()`` is the readable reference that returns weights.
 Mask convention: ``attn_mask`` bool True = may attend (float = additive);
 ``key_padding_mask`` bool True = padding. See docs/attention.md.
+``fast_inference`` runs TransformerBlock stacks for inference with fused CPU kernels (opt-in
+per model).
 """
 
-from . import masks
+from . import fast_inference, masks
 from .additive import AdditiveAttention
 from .attention import (
     BACKENDS,
@@ -47,6 +49,7 @@ __all__ = [
     "combine_masks",
     "last_backend",
     "linear_attention",
+    "fast_inference",
     "masked_softmax",
     "masks",
     "padding_mask",

@@ -4,14 +4,9 @@ Shape legend: ``B`` batch, ``C`` channels, ``H`` / ``W`` image size, ``p`` patch
 ``gh, gw`` patch grid, ``L = gh * gw`` patches, ``P`` prefix tokens (1 with a class
 token, else 0), ``N = P + L`` tokens, ``D`` embed dim, ``Hd`` heads, ``K`` classes.
 
-Inference fast path: under ``torch.no_grad()`` / ``torch.inference_mode()`` in eval mode on
-CPU (fp32 / bf16), :func:`inference_block_forward` runs each block with oneDNN's linear
-kernel (bias and GELU / ReLU / SiLU fused into the matrix product) instead of ``F.linear``
-(MKL), on the very same parameters (nothing is cached or copied); the patch embedding is
-the same kernel on flattened patches; :meth:`VisionTransformer.forward_pre_logits`
-computes only the [CLS] row in the last block when that is all the pooling reads. The
-results equal the plain path to float rounding; ``model.fast_inference = False`` turns
-it off.
+Inference fast path: ``model.set_fast_inference(True)`` (the default) runs the blocks and
+the patch embedding through :mod:`attn_core.fast_inference` whenever it applies (eval mode,
+no autograd, CPU fp32 / bf16); the results equal the plain modules' to float rounding.
 
 Parameter names are timm's (``cls_token``, ``pos_embed``, ``patch_embed.proj``,
 ``norm_pre``, ``blocks.{i}.norm1`` / ``attn.qkv`` / ``attn.proj`` / ``norm2`` /
@@ -25,199 +20,19 @@ from dataclasses import dataclass
 from functools import partial
 
 import torch
-import torch.nn.functional as F
 import torch.utils.checkpoint
-from attn_core import LayerScale, QuickGELU, TransformerBlock, attention
+from attn_core import TransformerBlock
+from attn_core.fast_inference import (
+    fast_path_available,
+    patchify,
+    release_packed_weights,
+    run_blocks,
+)
 from torch import nn
 
 from .patch_embed import PatchEmbed, resample_abs_pos_embed, to_2tuple
 
-__all__ = [
-    "ViTConfig",
-    "VisionTransformer",
-    "fast_block_supported",
-    "fast_inference_available",
-    "fused_linear",
-    "inference_block_forward",
-]
-
-# ---------------------------------------------------------------------------------------
-# Inference fast path (no autograd): oneDNN linear kernels with fused epilogues.
-# ---------------------------------------------------------------------------------------
-
-_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-
-
-if _ONEDNN and hasattr(torch.library, "custom_op"):
-    # The same kernel as an opaque op for torch.compile: Inductor cannot lower
-    # mkldnn._linear_pointwise with non-constant weights, but it fuses everything around
-    # a custom op (and would otherwise pick MKL's sgemm, slower here).
-    @torch.library.custom_op("attn_vision::onednn_linear", mutates_args=())
-    def _onednn_linear_op(
-        x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, attr: str, alg: str
-    ) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, attr, [], alg)
-
-    @_onednn_linear_op.register_fake
-    def _(x, weight, bias, attr, alg):
-        return x.new_empty(x.shape[:-1] + weight.shape[:1])
-else:
-    _onednn_linear_op = None
-
-
-def fast_inference_available(x: torch.Tensor) -> bool:
-    """Whether :func:`inference_block_forward` can run on ``x``: CPU fp32 / bf16 and no
-    autograd graph being recorded (inside ``torch.compile`` only with the custom op)."""
-    return (
-        _ONEDNN
-        and x.device.type == "cpu"
-        and x.dtype in (torch.float32, torch.bfloat16)
-        and not torch.is_grad_enabled()
-        and (_onednn_linear_op is not None or not torch.compiler.is_compiling())
-    )
-
-
-def _onednn_act(act: nn.Module) -> tuple[str, str] | None:
-    """oneDNN post-op ``(attr, algorithm)`` computing ``act`` exactly, or None."""
-    if type(act) is nn.GELU:
-        return "gelu", act.approximate  # "none" (erf) or "tanh"
-    if type(act) is nn.ReLU:
-        return "relu", ""
-    if type(act) is nn.SiLU:
-        return "swish", ""
-    return None
-
-
-def _linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: nn.Module | None
-) -> torch.Tensor:
-    fused = _onednn_act(act) if act is not None else ("none", "")
-    if fast_inference_available(x) and weight.dtype == x.dtype and fused is not None:
-        if torch.compiler.is_compiling():
-            return _onednn_linear_op(x, weight, bias, fused[0], fused[1])
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, fused[0], [], fused[1])
-    out = F.linear(x, weight, bias)
-    return act(out) if act is not None else out
-
-
-def fused_linear(
-    linear: nn.Linear,
-    x: torch.Tensor,
-    *,
-    act: nn.Module | None = None,
-    residual: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``act(linear(x)) (+ residual)``, for inference (no autograd).
-
-    On CPU this is one oneDNN call with the bias and activation fused: oneDNN reads the
-    ordinary ``(out, in)`` weight as it is (no packed copy that could go stale), and on
-    x86 its kernels beat ``F.linear``'s MKL sgemm at every size a ViT uses. Falls back
-    to plain PyTorch ops elsewhere.
-    """
-    out = _linear(x, linear.weight, linear.bias, act)
-    # (oneDNN's fused "add" epilogue measured slower than this in-place add)
-    return out if residual is None else out.add_(residual)
-
-
-def _quick_gelu_(x: torch.Tensor) -> torch.Tensor:
-    return x.mul_(torch.sigmoid(1.702 * x))  # QuickGELU in place: x * sigmoid(1.702 x)
-
-
-def fast_block_supported(blk: nn.Module) -> bool:
-    """Whether :func:`inference_block_forward` runs ``blk`` itself (rather than ``blk(x)``):
-    a pre-norm self-attention :class:`TransformerBlock` with plain ``nn.Linear`` layers (not,
-    e.g., dynamically quantized ones), a fused ``qkv``, no RoPE and no gated MLP."""
-    if not isinstance(blk, TransformerBlock):
-        return False
-    attn = blk.attn
-    linears = (getattr(attn, "qkv", None), attn.proj, blk.mlp.fc1, blk.mlp.fc2)
-    return (
-        all(type(m) is nn.Linear for m in linears)
-        and blk.norm_first
-        and blk.cross_attn is None
-        and attn.fused_qkv
-        and attn.rope is None
-        and not blk.mlp.gated
-        and isinstance(blk.ls1, (nn.Identity, LayerScale))
-        and isinstance(blk.ls2, (nn.Identity, LayerScale))
-    )
-
-
-def inference_block_forward(
-    blk: TransformerBlock,
-    x: torch.Tensor,
-    *,
-    is_causal: bool = False,
-    rows: torch.Tensor | None = None,
-    attn_mask: torch.Tensor | None = None,
-    prefix: tuple[torch.Tensor, torch.Tensor] | None = None,
-    keep_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
-) -> torch.Tensor:
-    """A pre-norm self-attention :class:`TransformerBlock` in eval mode, without autograd.
-
-    Args:
-        x: ``(B, N, D)`` tokens.
-        is_causal: causal self-attention (ignored when ``attn_mask`` is given).
-        rows: ``(B,)``: compute the output only at token ``rows[b]`` of each sequence,
-            ``(B, 1, D)`` -- keys and values still come from all tokens (with
-            ``is_causal``, only tokens ``<= rows[b]``), so the result equals row
-            ``rows[b]`` of the full block. What the last block of a model that pools one
-            token (ViT's [CLS], CLIP text's EOT) needs.
-        attn_mask: bool ``(B, 1, N, P + N)`` "may attend" mask over the prefix and own keys.
-        prefix: ``(k, v)``, each ``(B, Hkv, P, hd)``: keys / values of ``P`` earlier
-            tokens (already through this block's projections), attended before ``x``'s own.
-        keep_kv: a list that receives this block's own ``(k, v)`` (for later ``prefix``).
-
-    Blocks with cross-attention, RoPE, post-norm or a gated MLP fall back to ``blk(x)``
-    (without ``prefix`` / ``keep_kv``). Call under ``torch.no_grad()``.
-    """
-    if not fast_block_supported(blk):
-        if prefix is not None or keep_kv is not None:
-            raise ValueError("prefix / keep_kv need a plain pre-norm self-attention block")
-        out = blk(x, is_causal=is_causal, attn_mask=attn_mask)
-        return out if rows is None else out[torch.arange(x.shape[0]), rows][:, None]
-    attn = blk.attn
-    B, N, D = x.shape
-    H, Hkv, hd = attn.num_heads, attn.num_kv_heads, attn.head_dim
-    qkv = fused_linear(attn.qkv, blk.norm1(x))  # (B, N, (H + 2 Hkv) hd)
-    q, k, v = qkv.split((H * hd, Hkv * hd, Hkv * hd), dim=-1)
-    k = attn.k_norm(k.view(B, N, Hkv, hd).transpose(1, 2))  # (B, Hkv, N, hd)
-    v = v.view(B, N, Hkv, hd).transpose(1, 2)
-    if keep_kv is not None:
-        keep_kv.append((k, v))
-    if prefix is not None:
-        k, v = torch.cat((prefix[0], k), dim=2), torch.cat((prefix[1], v), dim=2)
-    mask = attn_mask
-    if mask is not None:
-        is_causal = False
-    if rows is not None:
-        batch = torch.arange(B, device=x.device)
-        q, x = q[batch, rows][:, None], x[batch, rows][:, None]  # (B, 1, H hd), (B, 1, D)
-        if mask is not None:
-            mask = mask[batch, :, rows][:, :, None]  # (B, 1, 1, P + N)
-        elif is_causal:  # the kept query (own position rows[b]) sees keys <= rows[b] + P
-            P = k.shape[2] - N
-            mask = torch.arange(k.shape[2], device=x.device) <= rows[:, None] + P
-            mask = mask[:, None, None, :]  # (B, 1, 1, P + N)
-        is_causal = False
-    Lq = q.shape[1]
-    q = attn.q_norm(q.view(B, Lq, H, hd).transpose(1, 2))  # (B, H, Lq, hd)
-    o = attention(q, k, v, attn_mask=mask, is_causal=is_causal, backend=attn.backend)
-    o = o.transpose(1, 2).reshape(B, Lq, H * hd)  # (B, Lq, E)
-    if isinstance(blk.ls1, LayerScale):
-        x = x + blk.ls1(fused_linear(attn.proj, o))
-    else:
-        x = fused_linear(attn.proj, o, residual=x)
-
-    mlp = blk.mlp
-    h = blk.norm2(x)
-    if isinstance(mlp.act, QuickGELU):
-        h = _quick_gelu_(fused_linear(mlp.fc1, h))
-    else:
-        h = fused_linear(mlp.fc1, h, act=mlp.act)
-    if isinstance(blk.ls2, LayerScale):
-        return x + blk.ls2(fused_linear(mlp.fc2, h))
-    return fused_linear(mlp.fc2, h, residual=x)
+__all__ = ["ViTConfig", "VisionTransformer"]
 
 
 @dataclass
@@ -291,7 +106,7 @@ class VisionTransformer(nn.Module):
         self.num_prefix_tokens = c.num_prefix_tokens
         self.num_features = D
         self.grad_checkpointing = False
-        self.fast_inference = True  # see inference_block_forward; False = plain blocks
+        self.fast_inference = True  # see set_fast_inference
 
         self.patch_embed = PatchEmbed(
             c.img_size,
@@ -350,6 +165,15 @@ class VisionTransformer(nn.Module):
         """Recompute each block's activations in backward instead of storing them."""
         self.grad_checkpointing = enable
 
+    def set_fast_inference(self, enable: bool = True) -> VisionTransformer:
+        """Run inference through :mod:`attn_core.fast_inference` (fused oneDNN kernels on
+        pre-packed weights) whenever it applies: eval mode, no autograd, CPU fp32 / bf16.
+        On by default; ``False`` runs the plain modules and frees the packed weights."""
+        self.fast_inference = enable
+        if not enable:
+            release_packed_weights(self)
+        return self
+
     def get_classifier(self) -> nn.Module:
         return self.head
 
@@ -386,51 +210,32 @@ class VisionTransformer(nn.Module):
             x = torch.cat(cls + [x], dim=1) + pos_embed
         return self.pos_drop(x)  # (B, N, D)
 
-    def _patchify(self, x: torch.Tensor) -> torch.Tensor:
-        """The patch embedding as one matrix product on flattened patches (fast path):
-        ``(B, C, H, W)`` -> ``(B, gh, gw, D)``, equal to the strided convolution."""
-        pe = self.patch_embed
-        pe.check_input(x)
-        B, C, H, W = x.shape
-        (ph, pw), (gh, gw) = pe.patch_size, (H // pe.patch_size[0], W // pe.patch_size[1])
-        x = x.reshape(B, C, gh, ph, gw, pw).permute(0, 2, 4, 1, 3, 5)  # (B, gh, gw, C, ph, pw)
-        x = x.reshape(B, gh, gw, C * ph * pw)
-        weight = pe.proj.weight.reshape(pe.proj.out_channels, -1)  # (D, C ph pw)
-        return pe.norm(_linear(x, weight, pe.proj.bias, None))
+    def _fast(self, x: torch.Tensor) -> bool:
+        return self.fast_inference and not self.training and fast_path_available(x)
 
     def _embed(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, C, H, W)`` image -> ``(B, N, D)`` tokens entering the first block."""
         pe = self.patch_embed
-        if (
-            self._fast(x)
-            and type(pe) is PatchEmbed
-            and pe.output_fmt == "NHWC"
-            and pe.proj.kernel_size == pe.proj.stride == pe.patch_size
-            and pe.proj.padding == (0, 0)
-            and pe.proj.groups == 1
-        ):
-            x = self._patchify(x)
+        if self._fast(x) and type(pe) is PatchEmbed:  # pe(x), as one fused product
+            pe.check_input(x)
+            x = pe.norm(patchify(pe.proj, x))  # (B, gh, gw, D)
         else:
-            x = pe(x)
+            x = pe(x)  # (B, gh, gw, D)
         return self.norm_pre(self._pos_embed(x))
 
-    def _fast(self, x: torch.Tensor) -> bool:
-        return self.fast_inference and not self.training and fast_inference_available(x)
-
-    def _blocks(self, x: torch.Tensor, last_rows: torch.Tensor | None = None) -> torch.Tensor:
-        """Run the blocks on ``(B, N, D)`` tokens; ``last_rows`` ``(B,)`` keeps one token per
-        image in the last block (fast path only) -> ``(B, 1, D)``."""
+    def _blocks(self, x: torch.Tensor, cls_only: bool = False) -> torch.Tensor:
+        """``(B, N, D)`` tokens through the blocks -> ``(B, N, D)``, or with ``cls_only``
+        only token 0 -> ``(B, 1, D)`` (the fast path computes just that row in the last
+        block)."""
         if self._fast(x):
-            for i, blk in enumerate(self.blocks):
-                last = i == len(self.blocks) - 1
-                x = inference_block_forward(blk, x, rows=last_rows if last else None)
-            return x
+            rows = torch.zeros(x.shape[0], dtype=torch.long, device=x.device) if cls_only else None
+            return run_blocks(self.blocks, x, rows=rows)
         for blk in self.blocks:
             if self.grad_checkpointing and torch.is_grad_enabled():
                 x = torch.utils.checkpoint.checkpoint(blk, x, use_reentrant=False)
             else:
                 x = blk(x)
-        return x if last_rows is None else x[torch.arange(x.shape[0]), last_rows][:, None]
+        return x[:, :1] if cls_only else x
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, C, H, W)`` -> ``(B, N, D)`` final (normed) tokens."""
@@ -438,12 +243,11 @@ class VisionTransformer(nn.Module):
 
     def forward_pre_logits(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, C, H, W)`` -> ``(B, D)`` pooled features before the head; equals
-        ``forward_head(forward_features(x), pre_logits=True)``. With [CLS] pooling the
-        fast inference path computes only the [CLS] row in the last block."""
+        ``forward_head(forward_features(x), pre_logits=True)``, but with [CLS] pooling
+        passes on only the [CLS] row of the last block."""
         x = self._embed(x)
-        if self.config.global_pool == "token" and len(self.blocks) and self._fast(x):
-            zeros = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
-            cls = self.norm(self._blocks(x, last_rows=zeros))  # (B, 1, D)
+        if self.config.global_pool == "token":
+            cls = self.norm(self._blocks(x, cls_only=True))  # (B, 1, D)
             return self.head_drop(self.fc_norm(cls[:, 0]))
         return self.forward_head(self.norm(self._blocks(x)), pre_logits=True)
 
