@@ -32,7 +32,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from attn_vision.patch_embed import to_2tuple
-from PIL import Image
+from PIL import Image, ImageOps
 
 from .config import PreprocessConfig
 from .model import CLIP
@@ -200,10 +200,13 @@ def explain_image(
     tokenizer: Callable[[list[str]], torch.Tensor] | None = None,
     alpha: float = 0.6,
     start_layer: int = 0,
+    max_size: int | None = 1024,
 ) -> Image.Image:
     """The heatmap of ``target`` (a caption, or an ``(E,)`` embedding) over ``image``.
 
-    Returns an RGB image of the same size as ``image``. ``transform`` / ``tokenizer``
+    Returns an RGB image of the size of ``image``, scaled down (aspect kept) to fit in
+    ``max_size`` x ``max_size`` when larger (None: never): the overlay is drawn on that
+    display copy, so its memory does not grow with the photo. ``transform`` / ``tokenizer``
     default to the model's own (:func:`attn_clip.image_transform`, :func:`get_tokenizer`).
     """
     from .tokenizer import get_tokenizer
@@ -217,6 +220,8 @@ def explain_image(
         with torch.no_grad():
             target = model.encode_text(tokenizer([target]).to(device))[0]  # (E,)
     heat = image_relevancy(model, x, target, method=method, start_layer=start_layer)
+    if max_size is not None and max(image.size) > max_size:  # input_box is scale-invariant
+        image = ImageOps.contain(image, (max_size, max_size))
     return heatmap_overlay(image, heat[0].cpu(), model.preprocess_cfg, alpha=alpha)
 
 
