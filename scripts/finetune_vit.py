@@ -42,6 +42,8 @@ import torch
 import torch.nn.functional as F
 from attn_train import ImageFolderDataset, collate_skip_unreadable
 from attn_train.cli import (
+    add_image_loader_args,
+    add_optimizer_args,
     add_run_args,
     add_schedule_args,
     make_parser,
@@ -75,14 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("data")
     g.add_argument("--train-dir", type=Path, required=True, help="ImageFolder: CLASS/IMAGE")
     g.add_argument("--val-dir", type=Path, default=None, help="ImageFolder with the same classes")
-    g.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
-    g.add_argument(
-        "--warn-skipped-fraction",
-        type=float,
-        default=0.1,
-        help="warn when more than this fraction of an epoch's images is unreadable (a run "
-        "where none is readable stops with exit code 2)",
-    )
+    add_image_loader_args(g)  # --workers --warn-skipped-fraction --eval-batch-size
     g.add_argument("--no-augment", action="store_true", help="train with the eval transform")
     g.add_argument(
         "--crop-pct",
@@ -102,30 +97,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--reprob", type=float, default=0.25, help="random erasing probability")
     g = p.add_argument_group("optimisation")
     add_schedule_args(g, epochs=10, batch_size=64, lr=5e-4, warmup=100)
-    g.add_argument("--wd", type=float, default=0.05, help="AdamW weight decay")
-    g.add_argument("--min-lr-ratio", type=float, default=0.01, help="cosine floor, x --lr")
+    add_optimizer_args(g, wd=0.05, min_lr_ratio=0.01)  # --wd --min-lr-ratio --grad-clip
     g.add_argument("--label-smoothing", type=float, default=0.1, help="cross-entropy smoothing")
     g.add_argument("--layer-decay", type=float, default=None, help="e.g. 0.75 (ViT / Swin)")
     g.add_argument("--ema-decay", type=float, default=None, help="EMA of the weights, e.g. 0.9998")
-    g.add_argument("--grad-clip", type=float, default=None, help="max gradient norm")
-    g = p.add_argument_group("run")
-    add_run_args(g, log_every=20, save_every=500)
-    g.add_argument("--eval-batch-size", type=int, default=256, help="images per eval forward")
+    add_run_args(p.add_argument_group("run"), log_every=20, save_every=500)
     return p
-
-
-def check_inputs(args: argparse.Namespace) -> None:
-    """Every path and number a user can get wrong, before anything is built or written."""
-    require_dir(args.train_dir, "--train-dir")
-    require_dir(args.val_dir, "--val-dir")
-    if args.eval_batch_size < 1:
-        raise ValueError(f"--eval-batch-size must be >= 1, got {args.eval_batch_size}")
 
 
 def build_model(args: argparse.Namespace, num_classes: int) -> nn.Module:
     """The attn_vision model with a ``num_classes``-way head (a fresh one after loading)."""
-    import attn_vision
-
     overrides: dict[str, Any] = parse_overrides(args.set)
     if args.img_size is not None:
         overrides["img_size"] = args.img_size
@@ -146,38 +127,19 @@ def build_model(args: argparse.Namespace, num_classes: int) -> nn.Module:
     return model
 
 
-def train_transform(args: argparse.Namespace, data_cfg: dict[str, Any]):
-    """timm's training pipeline from torchvision pieces."""
-    from torchvision import transforms as T
-
-    size = data_cfg["input_size"][1:]
-    interp = T.InterpolationMode(data_cfg["interpolation"])
-    steps: list[Any] = [T.RandomResizedCrop(size, scale=tuple(args.scale), interpolation=interp)]
-    if args.hflip > 0:
-        steps.append(T.RandomHorizontalFlip(args.hflip))
-    if args.aa == "rand":
-        steps.append(T.RandAugment(num_ops=2, magnitude=9, interpolation=interp))
-    elif args.aa == "trivial":
-        steps.append(T.TrivialAugmentWide(interpolation=interp))
-    elif args.color_jitter > 0:
-        steps.append(T.ColorJitter(*(args.color_jitter,) * 3))
-    steps += [T.ToTensor(), T.Normalize(data_cfg["mean"], data_cfg["std"])]
-    if args.reprob > 0:
-        steps.append(T.RandomErasing(p=args.reprob, value="random"))
-    return T.Compose(steps)
-
-
 def train(args: argparse.Namespace) -> dict[str, Any]:
     from timm.utils import ModelEmaV3
 
-    check_inputs(args)
+    require_dir(args.train_dir, "--train-dir")
+    require_dir(args.val_dir, "--val-dir")
     run = at.start_run(args)  # checks the run flags; writes nothing yet
     classes = ImageFolderDataset(args.train_dir).classes  # the class list sizes the head
     model = build_model(args, len(classes)).to(run.d.device)
     model.pretrained_cfg["label_names"] = classes  # timm's field for the class names
-    data_cfg = attn_vision.resolve_data_config(model, crop_pct=args.crop_pct)
     eval_tf = attn_vision.create_transform(model, crop_pct=args.crop_pct)
-    train_tf = eval_tf if args.no_augment else train_transform(args, data_cfg)
+    aug = dict(scale=args.scale, hflip=args.hflip, auto_augment=args.aa, re_prob=args.reprob)
+    aug["color_jitter"] = args.color_jitter  # timm's training pipeline
+    train_tf = eval_tf if args.no_augment else attn_vision.create_transform(model, True, **aug)
     data = ImageFolderDataset(args.train_dir, train_tf, seed=args.seed)
     data.check_readable()  # no image decodes: stop now, before anything is written
     val = ImageFolderDataset(args.val_dir, eval_tf) if args.val_dir is not None else None
@@ -210,14 +172,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         return F.cross_entropy(logits, batch[1], label_smoothing=args.label_smoothing)
 
     def evaluate() -> dict[str, float]:
-        kw = {
-            "batch_size": args.eval_batch_size,
-            "device": run.d.device,
-            "precision": run.precision,
-        }
-        record = {
-            f"val/{k}": v for k, v in at.classification_metrics(model.eval(), val, **kw).items()
-        }
+        kw = dict(batch_size=args.eval_batch_size, device=run.d.device, precision=run.precision)
+        m = at.classification_metrics(model.eval(), val, **kw)
+        record = {f"val/{k}": v for k, v in m.items()}
         if ema is not None:
             m = at.classification_metrics(ema.module, val, **kw)
             record.update({f"val_ema/{k}": v for k, v in m.items()})

@@ -32,42 +32,16 @@ from attn_train.cli import (
     add_run_args,
     add_subcommand,
     make_parser,
+    read_text_file,
     require_dir,
-    require_file,
+    require_multiple,
+    require_positive,
     run_main,
 )
 
 
-class CharVocab:
-    """Characters <-> ids."""
-
-    def __init__(self, chars: list[str]) -> None:
-        self.chars = chars
-        self.index = {c: i for i, c in enumerate(chars)}
-
-    def encode(self, text: str) -> list[int]:
-        unknown = sorted(set(text) - self.index.keys())
-        if unknown:
-            raise ValueError(f"characters not in the model's vocabulary: {unknown}")
-        return [self.index[c] for c in text]
-
-    def decode(self, ids: list[int]) -> str:
-        return "".join(self.chars[i] for i in ids)
-
-
-@torch.no_grad()
-def val_loss(model, data: torch.Tensor, context: int, device, batches: int = 4) -> float:
-    """Mean next-character loss on the same ``batches`` x 32 windows every time."""
-    windows = at.RandomWindows(data, context, length=32 * batches, seed=1234)
-    model.eval()
-    total = 0.0
-    for x, y in torch.utils.data.DataLoader(windows, batch_size=32):
-        logits = model(x.to(device))
-        total += F.cross_entropy(logits.flatten(0, 1), y.to(device).flatten()).item()
-    return total / batches
-
-
-def sample(model, vocab: CharVocab, prompt: str, **generation: Any) -> str:
+def sample(model, vocab: at.CharVocab, prompt: str, **generation: Any) -> str:
+    """``prompt`` and the characters the model generates after it."""
     ids = torch.tensor([vocab.encode(prompt)], device=next(model.parameters()).device)
     out = model.generate(ids, **generation)
     return vocab.decode(out[0].tolist())
@@ -118,29 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def read_text(path: Path) -> str:
-    """The text of ``--text``, or a ``ValueError`` that names the file."""
-    require_file(path, "--text")
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"--text {path} is not UTF-8 text ({e})") from None
-
-
-def check_sizes(args: argparse.Namespace) -> None:
-    """``ValueError`` for a model size that cannot be built."""
-    for flag in ("context", "embed_dim", "depth", "heads"):
-        if getattr(args, flag) < 1:
-            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
-    if args.embed_dim % args.heads:
-        raise ValueError(f"--embed-dim {args.embed_dim} is not a multiple of --heads {args.heads}")
-
-
 def train(args: argparse.Namespace) -> dict[str, Any]:
     from attn_nlp import DecoderOnlyLM, LMConfig, save_pretrained
 
-    check_sizes(args)
-    text = read_text(args.text)
+    require_positive(args, "context", "embed_dim", "depth", "heads")
+    require_multiple(args, "embed_dim", "heads")
+    text = read_text_file(args.text, "--text")
     if len(text) < 10 * (args.context + 1):
         raise ValueError(f"--text {args.text} is too short for --context {args.context}")
     run = at.start_run(args)  # checks the run flags; writes nothing yet
@@ -152,7 +109,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         chars = at.read_checkpoint_file(at.find_checkpoint(run.last) / "config.json", read_chars)
     else:
         chars = sorted(set(text))
-    vocab = CharVocab(chars)
+    vocab = at.CharVocab(chars)
     data = torch.tensor(vocab.encode(text), dtype=torch.long)
     split = int(0.9 * len(data))
     config = LMConfig(
@@ -180,7 +137,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         return F.cross_entropy(model(x).float().flatten(0, 1), y.flatten())
 
     def evaluate() -> dict[str, float]:
-        return {"val_loss": val_loss(model, data[split:], args.context, run.d.device)}
+        return {"val_loss": at.next_token_loss(model, data[split:], args.context, run.d.device)}
 
     config = at.LoopConfig.from_args(
         args,
@@ -227,7 +184,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         model = create_model(args.model)
         if "chars" not in getattr(model.config, "extra", {}):
             raise ValueError(f"--model {args.model} is not a character LM (no character set)")
-        vocab = CharVocab(model.config.extra["chars"])
+        vocab = at.CharVocab(model.config.extra["chars"])
         torch.manual_seed(args.seed)
         n = min(args.max_new_tokens, model.config.max_positions - len(args.prompt))
         if n < 1:

@@ -31,20 +31,20 @@ model, unavailable weights, no readable image, ...: one ``error:`` line, nothing
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import warnings
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import attn_clip
 import attn_train as at
 import torch
-from attn_core.hub import atomic_path, save_state_dict
+from attn_core.hub import save_state_dict
 from attn_train import CsvImageTextDataset, ImageFolderDataset, collate_skip_unreadable
 from attn_train.cli import (
+    add_image_loader_args,
+    add_optimizer_args,
     add_run_args,
     add_schedule_args,
     apply_overrides,
@@ -104,28 +104,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="zero-shot prompts ({} is the class name)",
     )
     g.add_argument("--no-augment", action="store_true", help="no random resized crop")
-    g.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
-    g.add_argument(
-        "--warn-skipped-fraction",
-        type=float,
-        default=0.1,
-        help="warn when more than this fraction of an epoch's images is unreadable (a run "
-        "where none is readable stops with exit code 2)",
-    )
+    add_image_loader_args(g)  # --workers --warn-skipped-fraction --eval-batch-size
     g = p.add_argument_group("optimisation")
     g.add_argument(
         "--loss", choices=["clip", "siglip"], default="clip", help="InfoNCE or sigmoid loss"
     )
     add_schedule_args(g, epochs=10, batch_size=128, lr=1e-3, warmup=100)
-    g.add_argument("--wd", type=float, default=0.1, help="AdamW weight decay")
-    g.add_argument("--beta1", type=float, default=0.9, help="AdamW beta1")
-    g.add_argument("--beta2", type=float, default=0.98, help="AdamW beta2")
-    g.add_argument("--eps", type=float, default=1e-6, help="AdamW epsilon")
-    g.add_argument("--min-lr-ratio", type=float, default=0.0, help="cosine floor, x --lr")
-    g.add_argument("--grad-clip", type=float, default=None, help="max gradient norm")
+    add_optimizer_args(g, wd=0.1, min_lr_ratio=0.0, betas=(0.9, 0.98), eps=1e-6)
     g = p.add_argument_group("run")
     add_run_args(g, log_every=20, save_every=200)
-    g.add_argument("--eval-batch-size", type=int, default=256, help="images per eval forward")
     g.add_argument(
         "--export-fp16", type=Path, default=None, help="also write fp16 open_clip weights here"
     )
@@ -143,8 +130,6 @@ def check_inputs(args: argparse.Namespace) -> None:
         raise ValueError(f"--export-fp16 {args.export_fp16} is a folder, not a file")
     if args.wise_ft_alpha is not None and not 0.0 <= args.wise_ft_alpha <= 1.0:
         raise ValueError(f"--wise-ft-alpha must be in [0, 1], got {args.wise_ft_alpha}")
-    if args.eval_batch_size < 1:
-        raise ValueError(f"--eval-batch-size must be >= 1, got {args.eval_batch_size}")
 
 
 def build_model(args: argparse.Namespace) -> attn_clip.CLIP:
@@ -170,45 +155,26 @@ def build_model(args: argparse.Namespace) -> attn_clip.CLIP:
     return model.train()
 
 
-# -- evaluation --------------------------------------------------------------------------
-
-
 @torch.no_grad()
 def evaluate(model, tokenizer, zs_sets, val_set, args, device) -> dict[str, float]:
     """Zero-shot top-1 / top-5 on every ImageFolder set, retrieval recall on ``val_set``."""
     model.eval()
     out: dict[str, float] = {}
     for name, dataset in zs_sets.items():
+        batches = at.readable_batches(dataset, args.eval_batch_size)
         classnames = [c.replace("_", " ") for c in dataset.classes]
-        classifier = attn_clip.build_zero_shot_classifier(
-            model, tokenizer, classnames, args.zeroshot_templates, batch_size=None, device=device
-        )
-        m = at.classification_metrics(
-            lambda x, c=classifier: attn_clip.zero_shot_logits(model, model.encode_image(x), c),
-            dataset,
-            batch_size=args.eval_batch_size,
-            device=device,
+        m = attn_clip.evaluate_zero_shot(
+            model, tokenizer, batches, classnames, args.zeroshot_templates, device=device
         )
         out[f"zeroshot/{name}/top1"], out[f"zeroshot/{name}/top5"] = m["top1"], m["top5"]
     if val_set is not None:
-        loader = torch.utils.data.DataLoader(
-            val_set, batch_size=args.eval_batch_size, collate_fn=collate_skip_unreadable
-        )
-        img, txt = [], []
-        for batch, _ in loader:
-            if batch is not None:
-                img.append(model.encode_image(batch[0].to(device), normalize=True))
-                txt.append(model.encode_text(batch[1].to(device), normalize=True))
-        if not img:
+        batches = at.readable_batches(val_set, args.eval_batch_size)
+        recall = attn_clip.evaluate_retrieval(model, batches, device=device)
+        if not recall:
             message = f"--val-data {args.val_data}: no image is readable; recall skipped"
             warnings.warn(message, stacklevel=2)
-            return out
-        img, txt = torch.cat(img), torch.cat(txt)
-        out.update({f"val/{k}": v for k, v in attn_clip.retrieval_metrics(img, txt).items()})
+        out.update({f"val/{k}": v for k, v in recall.items()})
     return out
-
-
-# -- training ----------------------------------------------------------------------------
 
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
@@ -271,11 +237,6 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         model.clamp_logit_scale_()
         return {"logit_scale": model.logit_scale.exp().item()}
 
-    def write_files(folder: Path) -> None:  # attn_clip.create_model(folder) loads it
-        meta = {"model_cfg": model.config.to_open_clip()}
-        meta["preprocess_cfg"] = asdict(model.preprocess_cfg)
-        (folder / "open_clip_config.json").write_text(json.dumps(meta, indent=2))
-
     def run_eval() -> dict[str, float]:
         return evaluate(model, tokenizer, zs_sets, val_set, args, device)
 
@@ -295,7 +256,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         config,
         step_fn=at.contrastive_step(loss_fn, args.lock_image),
         evaluate=run_eval if zs_sets or val_set is not None else None,
-        write_files=write_files,
+        write_files=lambda folder: attn_clip.save_config(model, folder),  # + model.safetensors
         train_mode=train_mode,
         after_update=after_update,
     )
@@ -307,22 +268,18 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
 def finish(args, model, tokenizer, zs_sets, val_set, init_path, log) -> dict[str, float]:
     """Write ``final/`` (open_clip layout), ``--export-fp16`` and the WiSE-FT model."""
-    from attn_clip.convert import to_open_clip
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     model.eval()
     attn_clip.save_pretrained(model, args.out / "final")
     if args.export_fp16 is not None:
-        sd = {k: v.detach().cpu().half().contiguous() for k, v in model.state_dict().items()}
-        with atomic_path(args.export_fp16) as tmp:
-            save_file(to_open_clip(sd), tmp)
+        attn_clip.save_weights(model, args.export_fp16, dtype=torch.float16)
         log.log({"event": "export", "path": str(args.export_fp16)})
     if args.wise_ft_alpha is None:
         return {}
     a, device = args.wise_ft_alpha, next(model.parameters()).device
-    init, state = load_file(str(init_path), device=str(device)), model.state_dict()
     wise = build_model(args)
-    wise.load_state_dict({k: (1 - a) * init[k] + a * state[k] for k in state})
+    wise.load_state_dict(attn_clip.wise_ft(load_file(str(init_path), device=str(device)), model, a))
     wise.to(device).eval()
     attn_clip.save_pretrained(wise, args.out / "wise_ft")
     if not zs_sets and val_set is None:

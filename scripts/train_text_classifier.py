@@ -31,46 +31,10 @@ from attn_train.cli import (
     add_subcommand,
     make_parser,
     require_file,
+    require_multiple,
+    require_positive,
     run_main,
 )
-
-
-class Encoded(torch.utils.data.Dataset):
-    """``(token ids, label index)`` items; labels outside ``labels`` are an error."""
-
-    def __init__(self, rows, tokenizer, labels: list[str], max_len: int, source: str = "") -> None:
-        index = {label: i for i, label in enumerate(labels)}
-        unknown = sorted({lab for _, lab in rows} - index.keys())
-        if unknown:
-            raise ValueError(f"{source}labels not seen in training: {unknown}")
-        ids = tokenizer.encode_target([t for t, _ in rows])
-        self.items = [
-            (x[:max_len] or [tokenizer.unk_id], index[lab])
-            for x, (_, lab) in zip(ids, rows, strict=True)
-        ]
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, i: int):
-        return self.items[i]
-
-
-def collate(batch, pad: int) -> dict[str, torch.Tensor]:
-    """``ids (B, L)`` right-padded, ``labels (B,)``."""
-    ids = at.pad_rows([x for x, _ in batch], pad)
-    return {"ids": ids, "labels": torch.tensor([y for _, y in batch])}
-
-
-@torch.no_grad()
-def accuracy(model, loader, device) -> float:
-    model.eval()
-    right = total = 0
-    for batch in loader:
-        pred = model(batch["ids"].to(device)).argmax(-1).cpu()
-        right += int((pred == batch["labels"]).sum())
-        total += len(pred)
-    return right / max(1, total)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -109,11 +73,8 @@ def check_inputs(args: argparse.Namespace) -> None:
     """Every path and size a user can get wrong, before anything is built or written."""
     require_file(args.train, "--train")
     require_file(args.dev, "--dev")
-    for flag in ("max_len", "embed_dim", "depth", "heads", "vocab_size"):
-        if getattr(args, flag) < 1:
-            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
-    if args.embed_dim % args.heads:
-        raise ValueError(f"--embed-dim {args.embed_dim} is not a multiple of --heads {args.heads}")
+    require_positive(args, "max_len", "embed_dim", "depth", "heads", "vocab_size")
+    require_multiple(args, "embed_dim", "heads")
 
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
@@ -143,17 +104,12 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         labels=labels,
     )
     model = TextClassifier(config).to(run.d.device)
-    pad = tokenizer.pad_id
-    data = Encoded(rows, tokenizer, labels, args.max_len)
-    loader = at.make_loader(
-        data, args.batch_size, run.d, seed=args.seed, collate_fn=lambda b: collate(b, pad)
-    )
+    data = at.LabelledTexts(rows, tokenizer, labels, args.max_len)
+    loader = at.make_loader(data, args.batch_size, run.d, seed=args.seed, collate_fn=data.collate)
     dev_loader = None
     if dev_rows is not None:
-        dev = Encoded(dev_rows, tokenizer, labels, args.max_len, f"--dev {args.dev}: ")
-        dev_loader = torch.utils.data.DataLoader(
-            dev, batch_size=128, collate_fn=lambda b: collate(b, pad)
-        )
+        dev = at.LabelledTexts(dev_rows, tokenizer, labels, args.max_len, f"--dev {args.dev}: ")
+        dev_loader = torch.utils.data.DataLoader(dev, batch_size=128, collate_fn=dev.collate)
     max_steps, epochs = at.plan_steps(len(loader), args.accum, args.epochs, args.max_steps)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     scheduler = at.lambda_lr(optimizer, at.cosine_schedule(args.warmup, max_steps))
@@ -162,7 +118,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         return F.cross_entropy(model(batch["ids"]).float(), batch["labels"])
 
     def dev() -> dict[str, float]:
-        return {"accuracy": accuracy(model, dev_loader, run.d.device)}
+        return {"accuracy": at.accuracy(model, dev_loader, run.d.device)}
 
     config = at.LoopConfig.from_args(
         args,

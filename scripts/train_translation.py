@@ -38,53 +38,9 @@ from attn_train.cli import (
     make_parser,
     parse_overrides,
     require_file,
+    require_positive,
     run_main,
 )
-
-
-class ParallelData(torch.utils.data.Dataset):
-    """Encoded pairs: source ids + EOS, target ids (BOS/EOS added in :func:`collate`)."""
-
-    def __init__(self, pairs: list[tuple[str, str]], tokenizer, max_len: int) -> None:
-        src = tokenizer.encode([s for s, _ in pairs])
-        tgt = tokenizer.encode_target([t for _, t in pairs])
-        eos = tokenizer.eos_id
-        self.items = [
-            (s[: max_len - 1] + [eos] if len(s) > max_len else s, t[: max_len - 1])
-            for s, t in zip(src, tgt, strict=True)
-        ]
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, i: int) -> tuple[list[int], list[int]]:
-        return self.items[i]
-
-
-def collate(batch, pad: int, bos: int, eos: int) -> dict[str, torch.Tensor]:
-    """Pad sources ``(B, S)``, decoder inputs ``[BOS] + y`` and labels ``y + [EOS]`` ``(B, T)``."""
-    return {
-        "src": at.pad_rows([s for s, _ in batch], pad),
-        "tgt_in": at.pad_rows([[bos] + t for _, t in batch], pad),
-        "labels": at.pad_rows([t + [eos] for _, t in batch], pad),
-    }
-
-
-@torch.no_grad()
-def evaluate(model, tokenizer, pairs, device, beams: int, batch_size: int = 64) -> dict[str, Any]:
-    """Translate the dev sources; sacrebleu BLEU / chrF and exact-match accuracy."""
-    import sacrebleu
-    from attn_nlp import Translator
-
-    translator = Translator(model.eval(), tokenizer, device=str(device))
-    sources, refs = [s for s, _ in pairs], [t for _, t in pairs]
-    hyps = translator.translate(sources, beams=beams, batch_size=batch_size)
-    cjk = any("\u4e00" <= ch <= "\u9fff" for ref in refs[:50] for ch in ref)
-    bleu = sacrebleu.corpus_bleu(hyps, [refs], tokenize="zh" if cjk else "13a")
-    chrf = sacrebleu.corpus_chrf(hyps, [refs])
-    same = [h.replace(" ", "") == r.replace(" ", "") for h, r in zip(hyps, refs, strict=True)]
-    exact = sum(same) / len(refs)
-    return {"bleu": bleu.score, "chrf": chrf.score, "exact": exact, "example": hyps[0]}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -129,15 +85,14 @@ def check_inputs(args: argparse.Namespace) -> dict[str, Any]:
     require_file(args.train, "--train")
     require_file(args.dev, "--dev")
     require_file(args.tokenizer, "--tokenizer")
-    for flag, value in (("--max-len", args.max_len), ("--beams", args.beams)):
-        if value < 1:
-            raise ValueError(f"{flag} must be >= 1, got {value}")
+    require_positive(args, "max_len", "beams")
     get_config(args.preset)  # ValueError naming the presets
     known = [f.name for f in dataclasses.fields(TransformerConfig)]
     return parse_overrides(args.set, known=known)
 
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
+    import attn_nlp
     from attn_nlp import BPETokenizer, Transformer, get_config, save_pretrained
 
     overrides = check_inputs(args)
@@ -155,29 +110,19 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     else:
         texts = [s for s, _ in pairs] + [t for _, t in pairs]
         tokenizer = BPETokenizer.train(texts, vocab_size=args.vocab_size)
-    pad, bos, eos = tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id
+    pad = tokenizer.pad_id
+    ids = dict(pad_id=pad, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id)
+    fixed = dict(src_vocab_size=tokenizer.vocab_size, max_positions=max(args.max_len, 8), **ids)
     try:
-        config = get_config(
-            args.preset,
-            **{
-                "src_vocab_size": tokenizer.vocab_size,
-                "pad_id": pad,
-                "bos_id": bos,
-                "eos_id": eos,
-                "max_positions": max(args.max_len, 8),
-                **overrides,
-            },
-        )
+        config = get_config(args.preset, **{**fixed, **overrides})  # --set wins
         model = Transformer(config).to(run.d.device)
     except (TypeError, ValueError, AssertionError) as e:  # e.g. embed_dim % num_heads != 0
         raise ValueError(f"cannot build {args.preset} with --set {args.set}: {e}") from None
     model.generation_config = model.generation_config.update(
         num_beams=args.beams, max_length=config.max_positions
     )
-    data = ParallelData(pairs, tokenizer, config.max_positions)
-    loader = at.make_loader(
-        data, args.batch_size, run.d, seed=args.seed, collate_fn=lambda b: collate(b, pad, bos, eos)
-    )
+    data = at.TranslationPairs(pairs, tokenizer, config.max_positions)
+    loader = at.make_loader(data, args.batch_size, run.d, seed=args.seed, collate_fn=data.collate)
     max_steps, epochs = at.plan_steps(len(loader), args.accum, args.epochs, args.max_steps)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, betas=(0.9, 0.98), eps=1e-9)
     scheduler = at.lambda_lr(optimizer, at.inverse_sqrt_schedule(args.warmup))
@@ -192,7 +137,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         )
 
     def dev() -> dict[str, Any]:
-        return evaluate(model, tokenizer, dev_pairs, run.d.device, args.beams)
+        translator = attn_nlp.Translator(model.eval(), tokenizer, device=str(run.d.device))
+        return attn_nlp.evaluate_translation(translator, dev_pairs, beams=args.beams)
 
     config = at.LoopConfig.from_args(
         args,

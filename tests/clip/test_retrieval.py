@@ -136,3 +136,15 @@ def test_retrieval_metrics_perfect_and_errors():
     assert m["image_to_text_R@1"] == 1.0 and m["text_to_image_R@1"] == 1.0
     with pytest.raises(ValueError, match="texts_per_image"):
         retrieval_metrics(x, torch.randn(15, 8), texts_per_image=2)
+
+
+def test_evaluate_retrieval_embeds_pairs_and_scores_recall(h, tiny_images, tiny_tokens):
+    from attn_clip import CLIP, CLIPConfig, evaluate_retrieval
+
+    model = h.perturb_(CLIP(CLIPConfig.from_open_clip(h.oc_cfg())))
+    images, tokens = tiny_images, tiny_tokens[:3]
+    batches = [(images[:2], tokens[:2]), (images[2:], tokens[2:])]
+    with torch.no_grad():
+        img, txt = model.encode_image(images), model.encode_text(tokens)
+    assert evaluate_retrieval(model, batches, ks=(1, 2)) == retrieval_metrics(img, txt, ks=(1, 2))
+    assert evaluate_retrieval(model, []) == {}

@@ -76,3 +76,19 @@ def test_predict_softmax_for_clip_and_sigmoid_for_siglip(h, tiny_images):
         else:
             assert_close(scores, torch.sigmoid(logits))
             assert not torch.allclose(scores.sum(-1), torch.ones(3))
+
+
+def test_evaluate_zero_shot_counts_top1_and_top5(h):
+    from attn_clip import evaluate_zero_shot
+
+    classes = ["cat", "dog", "car", "tree", "boat", "house", "bird"]
+    model = h.perturb_(CLIP(CLIPConfig.from_open_clip(h.oc_cfg())))
+    images = torch.randn(10, 3, 32, 32)
+    clf = build_zero_shot_classifier(model, Tokenizer(20), classes, batch_size=None)
+    with torch.no_grad():
+        ranked = zero_shot_logits(model, model.encode_image(images), clf).argsort(-1, True)
+    labels = torch.cat([ranked[:4, 0], ranked[4:7, 3], ranked[7:, 6]])  # top-1, top-5, neither
+    batches = [(images[:6], labels[:6]), (images[6:], labels[6:])]
+    m = evaluate_zero_shot(model, Tokenizer(20), batches, classes)
+    assert m == {"top1": 0.4, "top5": 0.7, "n": 10}
+    assert evaluate_zero_shot(model, Tokenizer(20), [], classes)["n"] == 0

@@ -174,3 +174,39 @@ def test_run_main_lines_codes_and_warnings(capsys):
         return 0
 
     assert exit_of(warns, capsys) == (0, "warning: two lines\n")
+
+
+def test_size_checks_and_text_files_name_the_flag(tmp_path):
+    from attn_train.cli import read_text_file, require_multiple, require_positive
+
+    args = argparse.Namespace(embed_dim=64, heads=6, depth=0, context=None)
+    require_positive(args, "embed_dim", "context")  # None is skipped
+    with pytest.raises(ValueError, match=r"^--depth must be >= 1, got 0$"):
+        require_positive(args, "embed_dim", "depth")
+    with pytest.raises(ValueError, match=r"^--embed-dim 64 is not a multiple of --heads 6$"):
+        require_multiple(args, "embed_dim", "heads")
+    (tmp_path / "t.txt").write_text("héllo", encoding="utf-8")
+    assert read_text_file(tmp_path / "t.txt", "--text") == "héllo"
+    (tmp_path / "b.txt").write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(ValueError, match=r"^--text .*b.txt is not UTF-8 text"):
+        read_text_file(tmp_path / "b.txt", "--text")
+    with pytest.raises(ValueError, match="no such file"):
+        read_text_file(tmp_path / "nope.txt", "--text")
+
+
+def test_optimizer_and_image_loader_flags():
+    from attn_train.cli import add_image_loader_args, add_optimizer_args
+
+    p = argparse.ArgumentParser()
+    add_optimizer_args(p, wd=0.1, min_lr_ratio=0.0, betas=(0.9, 0.98), eps=1e-6)
+    add_image_loader_args(p)
+    a = p.parse_args(["--beta2", "0.95", "--grad-clip", "1"])
+    assert (a.wd, a.beta1, a.beta2, a.eps, a.min_lr_ratio, a.grad_clip) == (
+        0.1, 0.9, 0.95, 1e-6, 0.0, 1.0
+    )  # fmt: skip
+    assert (a.workers, a.warn_skipped_fraction, a.eval_batch_size) == (0, 0.1, 256)
+    with pytest.raises(ValueError, match="--eval-batch-size must be >= 1, got 0"):
+        check_run_args(p.parse_args(["--eval-batch-size", "0"]))
+    p = argparse.ArgumentParser()
+    add_optimizer_args(p, wd=0.05, min_lr_ratio=0.01)  # no betas / eps flags
+    assert not hasattr(p.parse_args([]), "beta1") and not hasattr(p.parse_args([]), "eps")

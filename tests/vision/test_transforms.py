@@ -72,3 +72,33 @@ def test_overrides_and_defaults(cat) -> None:
         create_transform(model, crop=0.9)
     with pytest.raises(ValueError, match="crop_mode"):
         create_transform(model, crop_mode="border")
+
+
+def test_training_transform_is_timms_pipeline_from_torchvision(cat) -> None:
+    from torchvision import transforms as T
+
+    model = create_model("vit_tiny_patch16_224", depth=1, img_size=64)
+    tf = create_transform(model, is_training=True, auto_augment="rand", re_prob=0.25)
+    kinds = [type(t) for t in tf.transforms]
+    assert kinds == [
+        T.RandomResizedCrop,
+        T.RandomHorizontalFlip,
+        T.RandAugment,
+        T.ToTensor,
+        T.Normalize,
+        T.RandomErasing,
+    ]
+    assert tf.transforms[0].size == (64, 64) and tf.transforms[0].scale == (0.08, 1.0)
+    torch.manual_seed(0)
+    x = tf(cat)
+    torch.manual_seed(0)
+    assert x.shape == (3, 64, 64) and torch.equal(x, tf(cat))  # seeded: reproducible
+    plain = create_transform(model, True, hflip=0.0, auto_augment=None, color_jitter=0.0)
+    assert [type(t) for t in plain.transforms] == [T.RandomResizedCrop, T.ToTensor, T.Normalize]
+    jitter = create_transform(model, True, auto_augment="none", scale=(0.5, 1.0))
+    assert type(jitter.transforms[2]) is T.ColorJitter and jitter.transforms[0].scale == (0.5, 1.0)
+    assert type(create_transform(model, True, auto_augment="trivial").transforms[2]) is (
+        T.TrivialAugmentWide
+    )
+    with pytest.raises(ValueError, match="auto_augment must be"):
+        create_transform(model, True, auto_augment="augmix")

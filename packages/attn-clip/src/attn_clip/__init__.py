@@ -1,5 +1,6 @@
 """attn_clip: CLIP dual encoders on attn_core / attn_vision that load open_clip, OpenAI and
-Hugging Face weights, with contrastive losses, zero-shot classification and retrieval.
+Hugging Face weights, with contrastive losses, zero-shot classification and retrieval (and
+their evaluation), and WiSE-FT.
 
 Names are imported on first use (``attn_clip.ClipLoss`` does not pull in open_clip,
 torchvision or the model code), so worker processes and CLIs start quickly.
@@ -32,8 +33,11 @@ _EXPORTS = {
         "create_model",
         "create_model_and_transforms",
         "load_checkpoint",
+        "save_config",
         "save_pretrained",
+        "save_weights",
     ],
+    "finetune": ["wise_ft"],
     "loss": ["ClipLoss", "SigLipLoss"],
     "model": ["CLIP", "CLIPOutput"],
     "pretrained": ["Checkpoint", "read_checkpoint"],
@@ -49,6 +53,7 @@ _EXPORTS = {
         "EmbeddingIndex",
         "IndexBusyError",
         "SearchResult",
+        "evaluate_retrieval",
         "index_lock",
         "load_index_set",
         "retrieval_metrics",
@@ -63,6 +68,7 @@ _EXPORTS = {
         "OPENAI_IMAGENET_TEMPLATES",
         "SIMPLE_TEMPLATES",
         "build_zero_shot_classifier",
+        "evaluate_zero_shot",
         "predict",
         "zero_shot_logits",
     ],
@@ -101,7 +107,15 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
         input_box,
         save_explanation,
     )
-    from .factory import create_model, create_model_and_transforms, load_checkpoint, save_pretrained
+    from .factory import (
+        create_model,
+        create_model_and_transforms,
+        load_checkpoint,
+        save_config,
+        save_pretrained,
+        save_weights,
+    )
+    from .finetune import wise_ft
     from .init import init_vision_like_open_clip
     from .loss import ClipLoss, SigLipLoss
     from .model import CLIP, CLIPOutput

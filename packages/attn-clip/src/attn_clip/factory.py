@@ -301,10 +301,26 @@ def save_pretrained(model: CLIP, directory: str | os.PathLike) -> Path:
     load it. Each file is written atomically with the usual permissions.
     """
     directory = Path(directory)
+    save_weights(model, directory / DIR_WEIGHTS[0])
+    save_config(model, directory)
+    return directory
+
+
+def save_config(model: CLIP, directory: str | os.PathLike) -> Path:
+    """Write ``open_clip_config.json`` (model and preprocess configs) into ``directory``,
+    atomically: next to weights in any checkpoint folder, ``create_model(<dir>)`` loads it."""
     meta = {
         "model_cfg": model.config.to_open_clip(),
         "preprocess_cfg": asdict(model.preprocess_cfg),
     }
-    hub.save_state_dict(to_open_clip(model.state_dict()), directory / DIR_WEIGHTS[0])
-    hub.write_json(directory / "open_clip_config.json", meta)
-    return directory
+    return hub.write_json(Path(directory) / "open_clip_config.json", meta)
+
+
+def save_weights(model: CLIP, path: str | os.PathLike, dtype: torch.dtype | None = None) -> Path:
+    """Write the weights alone as one open_clip-keyed ``.safetensors`` file, atomically
+    (what open_clip's ``create_model(name, pretrained=path)`` loads); ``dtype`` casts the
+    floating-point tensors, e.g. ``torch.float16`` for a half-size export."""
+    sd = model.state_dict()
+    if dtype is not None:
+        sd = {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}
+    return hub.save_state_dict(to_open_clip(sd), path)

@@ -19,18 +19,23 @@ import importlib.util
 import json
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from attn_core import hub
 
+if TYPE_CHECKING:
+    from .model import CLIP
+
 __all__ = [
     "EmbeddingIndex",
     "IndexBusyError",
     "SearchResult",
+    "evaluate_retrieval",
     "index_lock",
     "load_index_set",
     "retrieval_metrics",
@@ -375,3 +380,24 @@ def retrieval_metrics(
         out[f"image_to_text_R@{k}"] = (i2t_rank < k).float().mean().item()
         out[f"text_to_image_R@{k}"] = (t2i_rank < k).float().mean().item()
     return out
+
+
+@torch.no_grad()
+def evaluate_retrieval(
+    model: CLIP,
+    batches: Iterable[Sequence[torch.Tensor]],
+    ks: Sequence[int] = (1, 5, 10),
+    device: str | torch.device | None = None,
+) -> dict[str, float]:
+    """:func:`retrieval_metrics` (one caption per image) of the embeddings of
+    ``(images (B, C, H, W), tokens (B, L))`` batches; ``{}`` when there is no batch.
+
+    Put the model in eval mode first. ``device``: where the inputs go (default: the model's).
+    """
+    if device is None:
+        device = next(model.parameters()).device
+    img, txt = [], []
+    for images, tokens in batches:
+        img.append(model.encode_image(images.to(device), normalize=True))  # (B, E)
+        txt.append(model.encode_text(tokens.to(device), normalize=True))  # (B, E)
+    return retrieval_metrics(torch.cat(img), torch.cat(txt), ks=ks) if img else {}

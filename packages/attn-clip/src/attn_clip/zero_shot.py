@@ -7,13 +7,14 @@ Shape legend: ``B`` images, ``K`` classes, ``P`` templates (prompts) per class,
 averages the ``P`` prompts of a class and normalizes again (prompt ensembling, as OpenAI
 and open_clip do). ``predict`` turns image embeddings into class scores: a softmax over
 classes for CLIP, independent sigmoids (multi-label) for SigLIP-style models that have a
-``logit_bias``.
+``logit_bias``. ``evaluate_zero_shot`` scores a labelled image set with such a classifier
+(top-1 / top-5, as the training recipe does after every epoch).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import islice
 from pathlib import Path
 
@@ -27,6 +28,7 @@ __all__ = [
     "OPENAI_IMAGENET_TEMPLATES",
     "SIMPLE_TEMPLATES",
     "build_zero_shot_classifier",
+    "evaluate_zero_shot",
     "predict",
     "zero_shot_logits",
 ]
@@ -112,3 +114,33 @@ def predict(model: CLIP, images: torch.Tensor, classifier: torch.Tensor) -> torc
     """
     logits = zero_shot_logits(model, model.encode_image(images), classifier)
     return logits.sigmoid() if model.logit_bias is not None else logits.softmax(dim=-1)
+
+
+@torch.no_grad()
+def evaluate_zero_shot(
+    model: CLIP,
+    tokenizer: Callable[[list[str]], torch.Tensor],
+    batches: Iterable[Sequence[torch.Tensor]],
+    classnames: Sequence[str],
+    templates: Sequence[Template] = SIMPLE_TEMPLATES,
+    device: str | torch.device | None = None,
+) -> dict[str, float]:
+    """Zero-shot ``top1`` / ``top5`` accuracy over ``(images (B, C, H, W), labels (B,))``
+    batches (label ``i`` is ``classnames[i]``) and ``n``, the images scored.
+
+    One classifier from all the class names at once (:func:`build_zero_shot_classifier`);
+    put the model in eval mode first. ``device``: where images go (default: the model's).
+    """
+    classifier = build_zero_shot_classifier(
+        model, tokenizer, classnames, templates, batch_size=None, device=device
+    )
+    hits, n = [0, 0], 0  # top-1, top-5
+    for images, labels in batches:
+        logits = zero_shot_logits(
+            model, model.encode_image(images.to(classifier.device)), classifier
+        )
+        top = logits.float().topk(min(5, logits.shape[-1]), dim=-1).indices.cpu()  # (B, 5)
+        right = top == labels.cpu()[:, None]
+        hits = [hits[0] + int(right[:, 0].sum()), hits[1] + int(right.any(dim=-1).sum())]
+        n += len(labels)
+    return {"top1": hits[0] / max(1, n), "top5": hits[1] / max(1, n), "n": n}

@@ -13,7 +13,7 @@ from .lm import DecoderOnlyLM, LMConfig
 from .model import Transformer, TransformerDecoder, TransformerEncoder
 from .pretrained import create_model, resolve_checkpoint, save_pretrained
 from .tokenizer import BPETokenizer, MarianTextTokenizer, load_tokenizer
-from .translate import Translator, translate
+from .translate import Translator, evaluate_translation, translate
 
 __version__ = "0.1.0"
 
@@ -37,6 +37,7 @@ __all__ = [
     "convert_hf_marian",
     "convert_torch_transformer",
     "create_model",
+    "evaluate_translation",
     "generate",
     "get_config",
     "list_models",

@@ -5,12 +5,13 @@
 * :mod:`~attn_train.checkpoint` -- atomic checkpoint directories, exact resume.
 * :mod:`~attn_train.distributed` -- one process or ``torchrun`` DDP (gloo on CPU).
 * :mod:`~attn_train.data` -- resumable loaders, image-caption CSVs, ImageFolders that skip
-  unreadable images; :mod:`~attn_train.text` -- TSV pairs, labelled CSVs, token windows.
+  unreadable images; :mod:`~attn_train.text` -- TSV pairs, labelled CSVs and their encoded
+  data sets, a character vocabulary, token windows.
 * :mod:`~attn_train.optim` -- timm's weight-decay / layer-decay parameter groups;
   :mod:`~attn_train.schedules` -- warm-up + cosine / inverse-sqrt for ``LambdaLR``.
 * :mod:`~attn_train.synthetic` -- generated NLP toy tasks; :mod:`~attn_train.cli` -- the
   shared flags, input checks, help layout and exits (bad input 2, NaN 1, Ctrl-C 130);
-  :mod:`~attn_train.metrics` -- top-k accuracy.
+  :mod:`~attn_train.metrics` -- top-k accuracy, text accuracy, a language model's loss.
 """
 
 from .amp import autocast, make_scaler, resolve_precision
@@ -31,6 +32,7 @@ from .data import (
     UnreadableDataError,
     collate_skip_unreadable,
     make_loader,
+    readable_batches,
 )
 from .distributed import (
     Distributed,
@@ -53,17 +55,27 @@ from .loop import (
     loss_step,
     start_run,
 )
-from .metrics import classification_metrics
+from .metrics import accuracy, classification_metrics, next_token_loss
 from .optim import param_groups
 from .schedules import cosine_schedule, inverse_sqrt_schedule, lambda_lr, plan_steps
-from .text import RandomWindows, pad_rows, read_labelled_csv, read_tsv
+from .text import (
+    CharVocab,
+    LabelledTexts,
+    RandomWindows,
+    TranslationPairs,
+    pad_rows,
+    read_labelled_csv,
+    read_tsv,
+)
 
 __version__ = "0.1.0"
 __all__ = [
+    "CharVocab",
     "Collated",
     "CsvImageTextDataset",
     "Distributed",
     "ImageFolderDataset",
+    "LabelledTexts",
     "LoopConfig",
     "NonFiniteLossError",
     "RandomWindows",
@@ -74,7 +86,9 @@ __all__ = [
     "SkippedImagesWarning",
     "StepContext",
     "TrainingInterrupted",
+    "TranslationPairs",
     "UnreadableDataError",
+    "accuracy",
     "autocast",
     "check_device",
     "check_finite",
@@ -91,12 +105,14 @@ __all__ = [
     "loss_step",
     "make_loader",
     "make_scaler",
+    "next_token_loss",
     "pad_rows",
     "param_groups",
     "plan_steps",
     "read_checkpoint_file",
     "read_labelled_csv",
     "read_progress",
+    "readable_batches",
     "read_tsv",
     "resolve_precision",
     "save_checkpoint",

@@ -22,6 +22,8 @@ from .amp import PRECISIONS
 
 __all__ = [
     "HelpFormatter",
+    "add_image_loader_args",
+    "add_optimizer_args",
     "add_run_args",
     "add_schedule_args",
     "add_subcommand",
@@ -30,8 +32,11 @@ __all__ = [
     "make_parser",
     "one_line",
     "parse_overrides",
+    "read_text_file",
     "require_dir",
     "require_file",
+    "require_multiple",
+    "require_positive",
     "run_main",
 ]
 
@@ -119,6 +124,39 @@ def add_schedule_args(p: Any, *, epochs: int, batch_size: int, lr: float, warmup
     p.add_argument("--warmup", type=int, default=warmup, help="warm-up updates")
 
 
+def add_optimizer_args(
+    p: Any,
+    *,
+    wd: float,
+    min_lr_ratio: float,
+    betas: tuple[float, float] | None = None,
+    eps: float | None = None,
+) -> None:
+    """AdamW's ``--wd`` (``--beta1 --beta2`` with ``betas``, ``--eps`` with ``eps``), the
+    cosine floor ``--min-lr-ratio`` and ``--grad-clip``."""
+    p.add_argument("--wd", type=float, default=wd, help="AdamW weight decay")
+    if betas is not None:
+        p.add_argument("--beta1", type=float, default=betas[0], help="AdamW beta1")
+        p.add_argument("--beta2", type=float, default=betas[1], help="AdamW beta2")
+    if eps is not None:
+        p.add_argument("--eps", type=float, default=eps, help="AdamW epsilon")
+    p.add_argument("--min-lr-ratio", type=float, default=min_lr_ratio, help="cosine floor, x --lr")
+    p.add_argument("--grad-clip", type=float, default=None, help="max gradient norm")
+
+
+def add_image_loader_args(p: Any) -> None:
+    """``--workers --warn-skipped-fraction --eval-batch-size`` of the image recipes."""
+    p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
+    p.add_argument(
+        "--warn-skipped-fraction",
+        type=float,
+        default=0.1,
+        help="warn when more than this fraction of an epoch's images is unreadable (a run "
+        "where none is readable stops with exit code 2)",
+    )
+    p.add_argument("--eval-batch-size", type=int, default=256, help="images per eval forward")
+
+
 # -- input checks --------------------------------------------------------------------------
 
 _AT_LEAST_ONE = (
@@ -131,16 +169,32 @@ _AT_LEAST_ONE = (
     "batch_size",
     "accum",
     "eval_every",
+    "eval_batch_size",
 )
+
+
+def require_positive(args: Any, *names: str) -> None:
+    """``ValueError`` naming the flag for the first of ``names`` (attributes of ``args``,
+    ``"embed_dim"`` for ``--embed-dim``) below 1; missing or None ones are skipped."""
+    for name in names:
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+
+
+def require_multiple(args: Any, name: str, of: str) -> None:
+    """``ValueError`` unless ``args.<name>`` is a multiple of ``args.<of>`` (e.g. the model
+    width of the number of heads)."""
+    value, divisor = getattr(args, name), getattr(args, of)
+    if value % divisor:
+        flag, other = f"--{name.replace('_', '-')}", f"--{of.replace('_', '-')}"
+        raise ValueError(f"{flag} {value} is not a multiple of {other} {divisor}")
 
 
 def check_run_args(args: Any) -> None:
     """``ValueError`` naming the flag for a shared flag out of range, or an ``--out`` that is
     a file (only the flags ``args`` has are checked)."""
-    for name in _AT_LEAST_ONE:
-        value = getattr(args, name, None)
-        if value is not None and value < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    require_positive(args, *_AT_LEAST_ONE)
     out = getattr(args, "out", None)
     if out is not None and Path(out).exists() and not Path(out).is_dir():
         raise ValueError(f"--out {out} is a file, not a folder")
@@ -164,6 +218,15 @@ def require_dir(path: str | os.PathLike | None, flag: str) -> None:
         raise ValueError(f"{flag} {path} is a file, not a folder")
     if not Path(path).is_dir():
         raise ValueError(f"{flag} {path}: no such folder")
+
+
+def read_text_file(path: str | os.PathLike, flag: str) -> str:
+    """The UTF-8 text of the file a flag names, or a ``ValueError`` that names both."""
+    require_file(path, flag)
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{flag} {path} is not UTF-8 text ({e})") from None
 
 
 # -- --set ---------------------------------------------------------------------------------

@@ -52,6 +52,7 @@ __all__ = [
     "collate_skip_unreadable",
     "load_rgb",
     "make_loader",
+    "readable_batches",
 ]
 
 
@@ -333,3 +334,12 @@ def collate_skip_unreadable(batch: list[Any]) -> Collated:
     """``default_collate`` of the readable items, and the number of ``None`` items dropped."""
     items = [b for b in batch if b is not None]
     return Collated(default_collate(items) if items else None, len(batch) - len(items))
+
+
+def readable_batches(dataset: Dataset, batch_size: int) -> Iterator[Any]:
+    """The batches of ``dataset`` in order, unreadable items (``None``) dropped and batches
+    with no readable item skipped: for evaluation, one process, no shuffling."""
+    loader = DataLoader(dataset, batch_size=batch_size, collate_fn=collate_skip_unreadable)
+    for batch, _ in loader:
+        if batch is not None:
+            yield batch

@@ -8,13 +8,17 @@ torchvision's arithmetic (output sizes, crop offsets, padding), so the tensors e
 ``timm.data.create_transform(**resolve_data_config(model=...))``'s exactly -- without
 importing torchvision. Settings come from ``model.pretrained_cfg`` (set by
 ``create_model``), resolved as ``timm.data.resolve_data_config`` does.
+
+``create_transform(model, is_training=True)`` is timm's training pipeline (random resized
+crop, flip, RandAugment / TrivialAugment / colour jitter, random erasing) built from
+torchvision's transforms, which it imports only then.
 """
 
 from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -188,11 +192,46 @@ def to_tensor(img: Image.Image) -> torch.Tensor:
 
 
 def create_transform(
-    model_or_cfg: nn.Module | dict[str, Any] | str, **overrides: Any
-) -> EvalTransform:
-    """timm's eval transform for a model: PIL image -> normalised ``(C, H, W)`` float tensor.
+    model_or_cfg: nn.Module | dict[str, Any] | str,
+    is_training: bool = False,
+    *,
+    scale: Sequence[float] = (0.08, 1.0),
+    hflip: float = 0.5,
+    auto_augment: str | None = None,
+    color_jitter: float = 0.4,
+    re_prob: float = 0.0,
+    **overrides: Any,
+) -> Callable[[Image.Image], torch.Tensor]:
+    """timm's transform for a model: PIL image -> normalised ``(C, H, W)`` float tensor.
 
     ``overrides`` (``crop_pct=1.0``, ``interpolation="bilinear"``, ...) replace entries of
-    the resolved data config (:func:`resolve_data_config`).
+    the resolved data config (:func:`resolve_data_config`). The eval transform (default) is
+    an :class:`EvalTransform`; ``is_training=True`` gives timm's training pipeline from
+    torchvision pieces (needs torchvision): ``RandomResizedCrop(input_size, scale)``, a
+    horizontal flip with probability ``hflip``, ``auto_augment`` ``"rand"`` (RandAugment,
+    2 ops, magnitude 9), ``"trivial"`` (TrivialAugmentWide) or None (``ColorJitter`` of
+    brightness / contrast / saturation ``color_jitter``), to tensor, normalise, then
+    ``RandomErasing(p=re_prob, value="random")``. The training keywords are ignored for eval.
     """
-    return EvalTransform(**resolve_data_config(model_or_cfg, **overrides))
+    data = resolve_data_config(model_or_cfg, **overrides)
+    if not is_training:
+        return EvalTransform(**data)
+    if auto_augment not in (None, "none", "rand", "trivial"):
+        raise ValueError(f"auto_augment must be 'rand', 'trivial' or None, got {auto_augment!r}")
+    from torchvision import transforms as T
+
+    interp = T.InterpolationMode(data["interpolation"])
+    size = data["input_size"][1:]
+    steps: list[Any] = [T.RandomResizedCrop(size, scale=tuple(scale), interpolation=interp)]
+    if hflip > 0:
+        steps.append(T.RandomHorizontalFlip(hflip))
+    if auto_augment == "rand":
+        steps.append(T.RandAugment(num_ops=2, magnitude=9, interpolation=interp))
+    elif auto_augment == "trivial":
+        steps.append(T.TrivialAugmentWide(interpolation=interp))
+    elif color_jitter > 0:
+        steps.append(T.ColorJitter(*(color_jitter,) * 3))
+    steps += [T.ToTensor(), T.Normalize(data["mean"], data["std"])]
+    if re_prob > 0:
+        steps.append(T.RandomErasing(p=re_prob, value="random"))
+    return T.Compose(steps)
