@@ -372,3 +372,24 @@ def test_imagenet_head_is_built_once_and_cached(
     labels = [p["label"] for p in first["predictions"]]
     assert len(labels) == 3 and all(isinstance(label, str) for label in labels)
     assert len(app.read_templates(app.parse_args(["--imagenet"]))) == 80
+
+
+def test_extreme_images_are_refused_before_decoding(monkeypatch, capsys, tmp_path):
+    """A 69-byte 1 x 89,000,000 PNG passes the decompression-bomb guard: its side and a
+    5000 x 10 image's aspect ratio are refused from the header; in a folder, skipped."""
+    app = load_app(monkeypatch)
+    tall = png_header(tmp_path / "tall.png", 1, 89_000_000)
+    assert tall.stat().st_size < 100
+    wide = png_header(tmp_path / "wide.png", 5000, 10)
+    for path, needle in ((tall, "sides above"), (wide, "aspect ratio")):
+        args = ["--model", "demo-shapes", "--image", str(path), "--labels", "a", "b"]
+        assert app.main(args) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and needle in err[0], err
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    tall.rename(folder / "tall.png")
+    Image.new("RGB", (32, 32), "red").save(folder / "red.png")
+    assert app.main(["--model", "demo-shapes", "--images", str(folder), "--labels", "a"]) == 0
+    err = capsys.readouterr().err
+    assert "skipped 1 unreadable file(s) of 2" in err and "Traceback" not in err
