@@ -10,20 +10,12 @@ r"""Fine-tune (or train) an attn_vision classifier on ImageFolder train / val di
     # several processes (gloo on CPU, nccl on GPU); --batch-size is per process
     uv run torchrun --nproc-per-node 2 scripts/finetune_vit.py ...
 
-timm's ``train.py`` in miniature, on ``attn_train.fit``: AdamW (no weight decay on 1-d
-parameters, position embedding, class token; timm's parameter groups, ``--layer-decay``
-for ViT / Swin), warm-up + cosine decay, label smoothing, an EMA of the weights
-(``--ema-decay``: timm's ``ModelEmaV3`` with warm-up, evaluated too), timm-style training
-augmentation (random resized crop, flip, RandAugment / TrivialAugment / colour jitter,
-random erasing) and evaluation transform, top-1 / top-5 on ``--val-dir`` after every epoch.
-Unreadable images are skipped with a warning and counted.
-
-Checkpoints (``--out``/``last``, ``best``): ``model.safetensors`` (+ ``ema.safetensors``),
-``trainer_state.pt`` (optimizer, scheduler, scaler, RNG, progress) and ``config.json``
-(``attn_vision.save_pretrained``: ``attn_vision.create_model(<out>/best)`` loads the model;
-the class names are its ``pretrained_cfg["label_names"]``); written atomically. Rerunning
-the same command resumes exactly. A non-finite loss stops the run with a clear message and
-leaves the last good checkpoint untouched.
+timm's ``train.py`` in miniature, on ``attn_train.fit``: AdamW with timm's parameter groups
+(``--layer-decay``), warm-up + cosine, label smoothing, an EMA of the weights
+(``--ema-decay``), timm's training augmentation, top-1 / top-5 on ``--val-dir`` after every
+epoch; unreadable images are skipped and counted. ``--out``/``last`` and ``best`` are
+``attn_vision.create_model`` folders (class names: ``pretrained_cfg["label_names"]``);
+rerunning the same command resumes exactly. Details: docs/training.md.
 
 Exit codes: 0 done, 1 the loss became NaN / inf, 2 bad input (a missing folder, an unknown
 model, unavailable weights, no readable image, ...: one ``error:`` line, nothing written),
@@ -42,10 +34,12 @@ import torch
 import torch.nn.functional as F
 from attn_train import ImageFolderDataset, collate_skip_unreadable
 from attn_train.cli import (
+    add_augment_args,
     add_image_loader_args,
     add_optimizer_args,
     add_run_args,
     add_schedule_args,
+    augment_kwargs,
     make_parser,
     parse_overrides,
     require_dir,
@@ -78,23 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--train-dir", type=Path, required=True, help="ImageFolder: CLASS/IMAGE")
     g.add_argument("--val-dir", type=Path, default=None, help="ImageFolder with the same classes")
     add_image_loader_args(g)  # --workers --warn-skipped-fraction --eval-batch-size
-    g.add_argument("--no-augment", action="store_true", help="train with the eval transform")
-    g.add_argument(
-        "--crop-pct",
-        type=float,
-        default=None,
-        help="eval center-crop fraction (default: the weights' own)",
-    )
-    g.add_argument("--scale", type=float, nargs=2, default=(0.08, 1.0), help="RRC area range")
-    g.add_argument("--hflip", type=float, default=0.5, help="horizontal flip probability")
-    g.add_argument(
-        "--aa",
-        choices=["rand", "trivial", "none"],
-        default="rand",
-        help="auto-augment: RandAugment, TrivialAugment or none",
-    )
-    g.add_argument("--color-jitter", type=float, default=0.4, help="used when --aa none")
-    g.add_argument("--reprob", type=float, default=0.25, help="random erasing probability")
+    add_augment_args(g)  # --no-augment --crop-pct --scale --hflip --aa --color-jitter --reprob
     g = p.add_argument_group("optimisation")
     add_schedule_args(g, epochs=10, batch_size=64, lr=5e-4, warmup=100)
     add_optimizer_args(g, wd=0.05, min_lr_ratio=0.01)  # --wd --min-lr-ratio --grad-clip
@@ -137,8 +115,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     model = build_model(args, len(classes)).to(run.d.device)
     model.pretrained_cfg["label_names"] = classes  # timm's field for the class names
     eval_tf = attn_vision.create_transform(model, crop_pct=args.crop_pct)
-    aug = dict(scale=args.scale, hflip=args.hflip, auto_augment=args.aa, re_prob=args.reprob)
-    aug["color_jitter"] = args.color_jitter  # timm's training pipeline
+    aug = augment_kwargs(args)  # timm's training pipeline
     train_tf = eval_tf if args.no_augment else attn_vision.create_transform(model, True, **aug)
     data = ImageFolderDataset(args.train_dir, train_tf, seed=args.seed)
     data.check_readable()  # no image decodes: stop now, before anything is written

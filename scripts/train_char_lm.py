@@ -5,12 +5,10 @@ r"""Train a character-level GPT (attn_nlp.DecoderOnlyLM) on any text file, then 
     uv run scripts/train_char_lm.py sample --model runs/charlm/last --prompt "the cat" \
         --max-new-tokens 200 --temperature 0.8 --top-k 10
 
-The vocabulary is the file's set of characters (stored in ``config.json``). Training reads
-random windows of ``--context + 1`` characters (window ``i`` of an epoch -- about one pass
-over the text -- drawn from ``(seed, epoch, i)``, so a resumed run sees the same batches),
-uses AdamW with warm-up + cosine decay and the loop of ``attn_train.fit`` (autocast,
-gradient accumulation, DDP under torchrun, ``OUT/last`` saved atomically and resumed from).
-The last 10% of the text is held out for a validation loss.
+The vocabulary is the file's characters (kept in ``config.json``). Training reads random
+windows of ``--context + 1`` characters (drawn from ``(seed, epoch, i)``: a resumed run sees
+the same batches) with AdamW, warm-up + cosine and the loop of ``attn_train.fit``
+(``OUT/last`` saved atomically, resumed from); the last 10% of the text gives a val loss.
 
 Exit codes: 0 done, 1 the loss became NaN / inf, 2 bad input (a missing or too short text,
 a missing model folder, ...: one ``error:`` line, nothing written), 130 Ctrl-C (the line
@@ -45,6 +43,11 @@ def sample(model, vocab: at.CharVocab, prompt: str, **generation: Any) -> str:
     ids = torch.tensor([vocab.encode(prompt)], device=next(model.parameters()).device)
     out = model.generate(ids, **generation)
     return vocab.decode(out[0].tolist())
+
+
+def read_chars(config_json: Path) -> list[str]:
+    """The character set saved in a checkpoint's ``config.json``."""
+    return json.loads(config_json.read_text(encoding="utf-8"))["extra"]["chars"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,14 +104,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     if len(text) < 10 * (args.context + 1):
         raise ValueError(f"--text {args.text} is too short for --context {args.context}")
     run = at.start_run(args)  # checks the run flags; writes nothing yet
-    if run.resume:
-
-        def read_chars(path: Path) -> list[str]:
-            return json.loads(path.read_text(encoding="utf-8"))["extra"]["chars"]
-
-        chars = at.read_checkpoint_file(at.find_checkpoint(run.last) / "config.json", read_chars)
-    else:
-        chars = sorted(set(text))
+    chars = run.read_last("config.json", read_chars) if run.resume else sorted(set(text))
     vocab = at.CharVocab(chars)
     data = torch.tensor(vocab.encode(text), dtype=torch.long)
     split = int(0.9 * len(data))

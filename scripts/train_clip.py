@@ -10,18 +10,11 @@ r"""Train a CLIP from scratch, or fine-tune a pretrained one, on image-caption C
     # several processes (gloo on CPU, nccl on GPU); --batch-size is per process
     uv run torchrun --nproc-per-node 2 scripts/train_clip.py ...
 
-Data: a CSV in open_clip's convention (``filepath,title``; ``--csv-img-key`` /
-``--csv-caption-key``); unreadable images are skipped and counted. Zero-shot top-1 / top-5
-on ImageFolder sets (``--zeroshot-dir``, repeatable; class names from the folders or
-``--zeroshot-classnames``) and retrieval recall on ``--val-data`` after every epoch.
-
-Training (the loop is ``attn_train.fit``): AdamW (no weight decay on gains, biases, the
-temperature and the class token), warm-up + cosine, ``--loss clip`` (InfoNCE) or ``siglip``,
-gradient accumulation that gives exactly the large-batch loss (open_clip's
-``--accum-freq``: features of every micro-batch are cached, each micro-batch is re-run
-against all of them), DDP with a differentiable all-gather. Outputs in ``--out``:
-``last/``, ``best/`` (by the first zero-shot set), ``final/`` (open_clip layout),
-``wise_ft/`` with ``--wise-ft-alpha``, ``log.jsonl``; rerun the same command to resume.
+Data: an open_clip-style CSV (``filepath,title``); unreadable images are skipped and
+counted. After every epoch: zero-shot top-1 / top-5 on each ``--zeroshot-dir`` ImageFolder,
+retrieval recall on ``--val-data``. Outputs in ``--out``: ``last/``, ``best/`` (by the first
+zero-shot set), ``final/`` (open_clip layout), ``wise_ft/``, ``log.jsonl``; rerun the same
+command to resume. Details (exact accumulation, DDP, init): docs/training.md.
 
 Exit codes: 0 done, 1 the loss became NaN / inf, 2 bad input (a missing file, an unknown
 model, unavailable weights, no readable image, ...: one ``error:`` line, nothing written),
@@ -31,6 +24,7 @@ model, unavailable weights, no readable image, ...: one ``error:`` line, nothing
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import os
 import warnings
@@ -149,9 +143,8 @@ def build_model(args: argparse.Namespace) -> attn_clip.CLIP:
         attn_clip.init_vision_like_open_clip(model)
     else:
         model = attn_clip.create_model(args.model, pretrained=args.pretrained)
-        if args.loss == "siglip" and model.logit_bias is None:
-            model.logit_bias = torch.nn.Parameter(torch.tensor(-10.0))
-            model.config.init_logit_bias = -10.0
+        if args.loss == "siglip":
+            attn_clip.add_logit_bias(model)  # init -10, as SigLIP's
     return model.train()
 
 
@@ -278,7 +271,7 @@ def finish(args, model, tokenizer, zs_sets, val_set, init_path, log) -> dict[str
     if args.wise_ft_alpha is None:
         return {}
     a, device = args.wise_ft_alpha, next(model.parameters()).device
-    wise = build_model(args)
+    wise = copy.deepcopy(model)  # the same architecture; every weight is replaced
     wise.load_state_dict(attn_clip.wise_ft(load_file(str(init_path), device=str(device)), model, a))
     wise.to(device).eval()
     attn_clip.save_pretrained(wise, args.out / "wise_ft")

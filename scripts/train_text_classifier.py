@@ -4,11 +4,10 @@ r"""Train an attn_nlp.TextClassifier (Transformer encoder + pooling + head) on a
     uv run scripts/train_text_classifier.py train --train data/reviews/train.csv \
         --dev data/reviews/dev.csv --out runs/reviews --epochs 5
 
-The CSV has a header with ``text`` and ``label`` columns (labels are any strings). A BPE
-vocabulary is trained on the texts with ``tokenizers``. Cross-entropy, AdamW with warm-up +
-cosine decay, and the loop of ``attn_train.fit``: autocast, gradient accumulation, torchrun
-DDP, atomic ``OUT/last`` checkpoints with exact resume, dev accuracy after each epoch (best
-kept in ``OUT/best``), a progress bar (``--quiet``: none) and a JSONL log.
+The CSV has ``text`` and ``label`` columns (labels are any strings); a BPE vocabulary is
+trained on the texts. Cross-entropy, AdamW with warm-up + cosine, the loop of
+``attn_train.fit`` (autocast, accumulation, DDP, ``OUT/last`` with exact resume), dev
+accuracy after each epoch (best kept in ``OUT/best``).
 
 Exit codes: 0 done, 1 the loss became NaN / inf, 2 bad input (a missing or malformed CSV,
 ...: one ``error:`` line, nothing written), 130 Ctrl-C (the line names the last checkpoint;
@@ -85,8 +84,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     rows = at.read_labelled_csv(args.train)
     dev_rows = at.read_labelled_csv(args.dev) if args.dev else None
     if run.resume:
-        found = at.find_checkpoint(run.last)
-        tokenizer = at.read_checkpoint_file(found / "tokenizer.json", BPETokenizer.from_file)
+        tokenizer = run.read_last("tokenizer.json", BPETokenizer.from_file)
     else:
         tokenizer = BPETokenizer.train([t for t, _ in rows], vocab_size=args.vocab_size)
     labels = sorted({lab for _, lab in rows})

@@ -7,13 +7,11 @@ r"""Train an attn-nlp encoder-decoder Transformer on a TSV parallel corpus.
         --dev data/numbers/dev.tsv --out runs/numbers --epochs 4
     uv run apps/translate.py --model runs/numbers/best "three hundred and five"
 
-Each TSV line is ``source<TAB>target``. A shared BPE vocabulary is trained on both sides
-with the ``tokenizers`` library (or ``--tokenizer tokenizer.json``). Training (the loop is
-``attn_train.fit``) uses label-smoothed cross-entropy, Adam with inverse-sqrt warm-up,
-bf16/fp16 autocast, gradient accumulation and DDP under torchrun; ``OUT/last`` is written
-atomically every ``--save-every`` steps and each epoch, and a rerun resumes from it exactly.
-After each epoch the dev set is translated and scored with sacrebleu (BLEU, chrF, exact
-match); the best checkpoint by BLEU is kept in ``OUT/best``. Logs: console + ``OUT/log.jsonl``.
+Each TSV line is ``source<TAB>target``; a shared BPE vocabulary is trained on both sides
+(or ``--tokenizer tokenizer.json``). Label-smoothed cross-entropy, Adam with inverse-sqrt
+warm-up, the loop of ``attn_train.fit`` (autocast, accumulation, DDP, ``OUT/last`` with
+exact resume); after each epoch the dev set is scored with sacrebleu (BLEU, chrF, exact
+match), the best by BLEU kept in ``OUT/best``.
 
 Exit codes: 0 done, 1 the loss became NaN / inf, 2 bad input (a missing file, an unknown
 preset or ``--set`` key, ...: one ``error:`` line, nothing written), 130 Ctrl-C (the line
@@ -100,8 +98,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     pairs = at.read_tsv(args.train)
     dev_pairs = at.read_tsv(args.dev)[: args.dev_limit] if args.dev else []
     if run.resume:
-        found = at.find_checkpoint(run.last)
-        tokenizer = at.read_checkpoint_file(found / "tokenizer.json", BPETokenizer.from_file)
+        tokenizer = run.read_last("tokenizer.json", BPETokenizer.from_file)
     elif args.tokenizer:
         try:
             tokenizer = BPETokenizer.from_file(args.tokenizer)

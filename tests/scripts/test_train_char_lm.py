@@ -100,3 +100,9 @@ def test_sampling_and_resume_in_process(lm_script, text, tmp_path, capsys):
     assert result["sample"] in capsys.readouterr().out
     with pytest.raises(ValueError, match="not in the model's vocabulary"):
         lm_script.main(["sample", "--model", str(tmp_path / "a" / "last"), "--prompt", "XYZ"])
+
+
+def test_read_chars_reads_the_saved_character_set(lm_script, tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"extra": {"chars": ["\n", "a", "b"]}}), encoding="utf-8")
+    assert lm_script.read_chars(path) == ["\n", "a", "b"]

@@ -21,8 +21,10 @@ from attn_train import (
 )
 from attn_train.cli import (
     HelpFormatter,
+    add_augment_args,
     add_run_args,
     apply_overrides,
+    augment_kwargs,
     check_run_args,
     parse_overrides,
     require_dir,
@@ -210,3 +212,18 @@ def test_optimizer_and_image_loader_flags():
     p = argparse.ArgumentParser()
     add_optimizer_args(p, wd=0.05, min_lr_ratio=0.01)  # no betas / eps flags
     assert not hasattr(p.parse_args([]), "beta1") and not hasattr(p.parse_args([]), "eps")
+
+
+def test_augment_args_and_their_transform_kwargs():
+    p = argparse.ArgumentParser()
+    add_augment_args(p)
+    args = p.parse_args(["--scale", "0.5", "1", "--aa", "none", "--reprob", "0"])
+    assert not args.no_augment and args.crop_pct is None
+    assert augment_kwargs(args) == {
+        "scale": [0.5, 1.0],
+        "hflip": 0.5,
+        "auto_augment": "none",
+        "color_jitter": 0.4,
+        "re_prob": 0.0,
+    }
+    assert p.parse_args(["--no-augment"]).no_augment

@@ -21,6 +21,7 @@ import tqdm
 from attn_train import (
     LoopConfig,
     NonFiniteLossError,
+    ResumeError,
     SkippedImagesWarning,
     TrainingInterrupted,
     UnreadableDataError,
@@ -110,6 +111,19 @@ def test_fit_takes_exactly_one_of_loss_fn_and_step_fn(tmp_path):
     loader = make_loader(worker.dataset(), 8, run.d)
     with pytest.raises(TypeError, match="exactly one"):
         fit(run, model, optimizer, None, loader, LoopConfig(1))
+
+
+def test_run_reads_a_file_of_the_checkpoint_being_resumed(tmp_path):
+    worker.train(tmp_path, max_steps=2, total=2)
+    run = start_run(worker.args(tmp_path))
+    assert run.resume
+    (run.last / "vocab.txt").write_text("abc", encoding="utf-8")
+    assert run.read_last("vocab.txt", lambda p: p.read_text(encoding="utf-8")) == "abc"
+    with pytest.raises(ResumeError, match="missing.txt"):
+        run.read_last("missing.txt", lambda p: p.read_text(encoding="utf-8"))
+    empty = start_run(worker.args(tmp_path / "empty"))
+    with pytest.raises(ValueError, match="no checkpoint"):
+        empty.read_last("vocab.txt", Path.read_text)
 
 
 @pytest.mark.slow

@@ -37,7 +37,7 @@ _EXPORTS = {
         "save_pretrained",
         "save_weights",
     ],
-    "finetune": ["wise_ft"],
+    "finetune": ["add_logit_bias", "wise_ft"],
     "loss": ["ClipLoss", "SigLipLoss"],
     "model": ["CLIP", "CLIPOutput"],
     "pretrained": ["Checkpoint", "read_checkpoint"],
@@ -115,7 +115,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
         save_pretrained,
         save_weights,
     )
-    from .finetune import wise_ft
+    from .finetune import add_logit_bias, wise_ft
     from .init import init_vision_like_open_clip
     from .loss import ClipLoss, SigLipLoss
     from .model import CLIP, CLIPOutput

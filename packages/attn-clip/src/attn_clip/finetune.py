@@ -1,4 +1,4 @@
-"""Fine-tuning helpers: WiSE-FT weight-space ensembling.
+"""Fine-tuning helpers: WiSE-FT weight-space ensembling, a SigLIP logit bias.
 
 WiSE-FT (Wortsman et al., "Robust fine-tuning of zero-shot models", CVPR 2022) interpolates
 the weights of the zero-shot (initial) model and the fine-tuned one: with ``alpha`` between
@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-__all__ = ["wise_ft"]
+__all__ = ["add_logit_bias", "wise_ft"]
 
 StateDict = Mapping[str, torch.Tensor]
 
@@ -42,3 +42,12 @@ def wise_ft(
         if theta_0[k].shape != v.shape:
             raise ValueError(f"wise_ft: {k} is {tuple(theta_0[k].shape)} vs {tuple(v.shape)}")
     return {k: (1 - alpha) * theta_0[k] + alpha * v for k, v in theta_1.items()}
+
+
+def add_logit_bias(model: nn.Module, init: float = -10.0) -> nn.Module:
+    """Give a CLIP that has none a learnable logit bias (SigLIP's, ``init`` -10), recorded
+    in its config as ``init_logit_bias``; a model with one is left as it is. Returns it."""
+    if model.logit_bias is None:
+        model.logit_bias = nn.Parameter(torch.tensor(init))
+        model.config.init_logit_bias = init
+    return model

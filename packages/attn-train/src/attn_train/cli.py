@@ -22,12 +22,14 @@ from .amp import PRECISIONS
 
 __all__ = [
     "HelpFormatter",
+    "add_augment_args",
     "add_image_loader_args",
     "add_optimizer_args",
     "add_run_args",
     "add_schedule_args",
     "add_subcommand",
     "apply_overrides",
+    "augment_kwargs",
     "check_run_args",
     "make_parser",
     "one_line",
@@ -155,6 +157,40 @@ def add_image_loader_args(p: Any) -> None:
         "where none is readable stops with exit code 2)",
     )
     p.add_argument("--eval-batch-size", type=int, default=256, help="images per eval forward")
+
+
+def add_augment_args(p: Any) -> None:
+    """timm's training augmentation flags: ``--no-augment --crop-pct --scale --hflip --aa
+    --color-jitter --reprob`` (see :func:`augment_kwargs`)."""
+    p.add_argument("--no-augment", action="store_true", help="train with the eval transform")
+    p.add_argument(
+        "--crop-pct",
+        type=float,
+        default=None,
+        help="eval center-crop fraction (default: the weights' own)",
+    )
+    p.add_argument("--scale", type=float, nargs=2, default=(0.08, 1.0), help="RRC area range")
+    p.add_argument("--hflip", type=float, default=0.5, help="horizontal flip probability")
+    p.add_argument(
+        "--aa",
+        choices=["rand", "trivial", "none"],
+        default="rand",
+        help="auto-augment: RandAugment, TrivialAugment or none",
+    )
+    p.add_argument("--color-jitter", type=float, default=0.4, help="used when --aa none")
+    p.add_argument("--reprob", type=float, default=0.25, help="random erasing probability")
+
+
+def augment_kwargs(args: Any) -> dict[str, Any]:
+    """The flags of :func:`add_augment_args` as keyword arguments of timm's training
+    transform (``attn_vision.create_transform(model, True, **augment_kwargs(args))``)."""
+    return dict(
+        scale=args.scale,
+        hflip=args.hflip,
+        auto_augment=args.aa,
+        color_jitter=args.color_jitter,
+        re_prob=args.reprob,
+    )
 
 
 # -- input checks --------------------------------------------------------------------------

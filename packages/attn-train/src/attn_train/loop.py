@@ -41,14 +41,20 @@ import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
 from .amp import autocast, make_scaler, resolve_precision
-from .checkpoint import find_checkpoint, load_checkpoint, read_progress, save_checkpoint
+from .checkpoint import (
+    find_checkpoint,
+    load_checkpoint,
+    read_checkpoint_file,
+    read_progress,
+    save_checkpoint,
+)
 from .cli import check_run_args
 from .data import Collated, UnreadableDataError
 from .distributed import (
@@ -82,6 +88,9 @@ __all__ = [
 # -- the start of a run --------------------------------------------------------------------
 
 
+T = TypeVar("T")
+
+
 @dataclass
 class Run:
     """A run's process, precision, log and checkpoint folder (from :func:`start_run`)."""
@@ -97,6 +106,14 @@ class Run:
     def last(self) -> Path:
         """``OUT/last``: the checkpoint resumed from and written to."""
         return self.out / "last"
+
+    def read_last(self, name: str, read: Callable[[Path], T]) -> T:
+        """``read(path)`` of the file ``name`` (a tokenizer, a config) in the checkpoint being
+        resumed; any failure is a one-line :class:`~attn_train.ResumeError` naming the file."""
+        found = find_checkpoint(self.last)
+        if found is None:
+            raise ValueError(f"{self.last}: no checkpoint to read {name} from")
+        return read_checkpoint_file(found / name, read)
 
     def close(self, result: dict[str, Any]) -> None:
         """Log the ``done`` record, wait for every rank, leave the process group."""
