@@ -32,24 +32,12 @@ import attn_train as at
 import attn_vision
 import torch
 import torch.nn.functional as F
-from attn_train import ImageFolderDataset, collate_skip_unreadable
-from attn_train.cli import (
-    add_augment_args,
-    add_image_loader_args,
-    add_optimizer_args,
-    add_run_args,
-    add_schedule_args,
-    augment_kwargs,
-    make_parser,
-    parse_overrides,
-    require_dir,
-    run_main,
-)
+from attn_train import ImageFolderDataset, cli
 from torch import nn
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = make_parser(__doc__)
+    p = cli.make_parser(__doc__)
     g = p.add_argument_group("model")
     g.add_argument("--model", default="vit_tiny_patch16_224", help="attn_vision / timm name")
     g.add_argument(
@@ -71,21 +59,21 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("data")
     g.add_argument("--train-dir", type=Path, required=True, help="ImageFolder: CLASS/IMAGE")
     g.add_argument("--val-dir", type=Path, default=None, help="ImageFolder with the same classes")
-    add_image_loader_args(g)  # --workers --warn-skipped-fraction --eval-batch-size
-    add_augment_args(g)  # --no-augment --crop-pct --scale --hflip --aa --color-jitter --reprob
+    cli.add_image_loader_args(g)  # --workers --warn-skipped-fraction --eval-batch-size
+    cli.add_augment_args(g)  # --no-augment --crop-pct --scale --hflip --aa --color-jitter --reprob
     g = p.add_argument_group("optimisation")
-    add_schedule_args(g, epochs=10, batch_size=64, lr=5e-4, warmup=100)
-    add_optimizer_args(g, wd=0.05, min_lr_ratio=0.01)  # --wd --min-lr-ratio --grad-clip
+    cli.add_schedule_args(g, epochs=10, batch_size=64, lr=5e-4, warmup=100)
+    cli.add_optimizer_args(g, wd=0.05, min_lr_ratio=0.01)  # --wd --min-lr-ratio --grad-clip
     g.add_argument("--label-smoothing", type=float, default=0.1, help="cross-entropy smoothing")
     g.add_argument("--layer-decay", type=float, default=None, help="e.g. 0.75 (ViT / Swin)")
     g.add_argument("--ema-decay", type=float, default=None, help="EMA of the weights, e.g. 0.9998")
-    add_run_args(p.add_argument_group("run"), log_every=20, save_every=500)
+    cli.add_run_args(p.add_argument_group("run"), log_every=20, save_every=500)
     return p
 
 
 def build_model(args: argparse.Namespace, num_classes: int) -> nn.Module:
     """The attn_vision model with a ``num_classes``-way head (a fresh one after loading)."""
-    overrides: dict[str, Any] = parse_overrides(args.set)
+    overrides: dict[str, Any] = cli.parse_overrides(args.set)
     if args.img_size is not None:
         overrides["img_size"] = args.img_size
     if args.patch_size is not None:
@@ -108,14 +96,14 @@ def build_model(args: argparse.Namespace, num_classes: int) -> nn.Module:
 def train(args: argparse.Namespace) -> dict[str, Any]:
     from timm.utils import ModelEmaV3
 
-    require_dir(args.train_dir, "--train-dir")
-    require_dir(args.val_dir, "--val-dir")
+    cli.require_dir(args.train_dir, "--train-dir")
+    cli.require_dir(args.val_dir, "--val-dir")
     run = at.start_run(args)  # checks the run flags; writes nothing yet
     classes = ImageFolderDataset(args.train_dir).classes  # the class list sizes the head
     model = build_model(args, len(classes)).to(run.d.device)
     model.pretrained_cfg["label_names"] = classes  # timm's field for the class names
     eval_tf = attn_vision.create_transform(model, crop_pct=args.crop_pct)
-    aug = augment_kwargs(args)  # timm's training pipeline
+    aug = cli.augment_kwargs(args)  # timm's training pipeline
     train_tf = eval_tf if args.no_augment else attn_vision.create_transform(model, True, **aug)
     data = ImageFolderDataset(args.train_dir, train_tf, seed=args.seed)
     data.check_readable()  # no image decodes: stop now, before anything is written
@@ -129,20 +117,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     if args.ema_decay is not None:
         ema = ModelEmaV3(model, decay=args.ema_decay, use_warmup=True).requires_grad_(False)
 
-    loader = at.make_loader(
-        data,
-        args.batch_size,
-        run.d,
-        seed=args.seed,
-        collate_fn=collate_skip_unreadable,
-        num_workers=args.workers,
-    )
+    loader = at.make_loader(data, args.batch_size, run.d, seed=args.seed, num_workers=args.workers)
     max_steps, epochs = at.plan_steps(len(loader), args.accum, args.epochs, args.max_steps)
-    groups = at.param_groups(model, args.wd, layer_decay=args.layer_decay)
-    optimizer = torch.optim.AdamW(groups, lr=args.lr)
-    scheduler = at.lambda_lr(
-        optimizer, at.cosine_schedule(args.warmup, max_steps, args.min_lr_ratio)
-    )
+    optimizer, scheduler = at.adamw_cosine(model, args, max_steps, layer_decay=args.layer_decay)
 
     def loss_fn(model: nn.Module, batch: list[torch.Tensor]) -> torch.Tensor:
         logits = model(batch[0]).float()
@@ -185,4 +162,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    run_main(main)
+    cli.run_main(main)

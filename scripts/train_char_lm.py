@@ -25,17 +25,7 @@ from typing import Any
 import attn_train as at
 import torch
 import torch.nn.functional as F
-from attn_train import synthetic
-from attn_train.cli import (
-    add_run_args,
-    add_subcommand,
-    make_parser,
-    read_text_file,
-    require_dir,
-    require_multiple,
-    require_positive,
-    run_main,
-)
+from attn_train import cli, synthetic
 
 
 def sample(model, vocab: at.CharVocab, prompt: str, **generation: Any) -> str:
@@ -51,14 +41,14 @@ def read_chars(config_json: Path) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = make_parser(__doc__)
+    p = cli.make_parser(__doc__)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", help="what to do")
-    m = add_subcommand(sub, "make-data", "write a generated toy text (rhymes)")
+    m = cli.add_subcommand(sub, "make-data", "write a generated toy text (rhymes)")
     m.add_argument("out", type=Path, help="output text file")
     m.add_argument("--lines", type=int, default=5000, help="lines of text")
     m.add_argument("--seed", type=int, default=0, help="generator seed")
 
-    t = add_subcommand(
+    t = cli.add_subcommand(
         sub,
         "train",
         "train (resumes from OUT/last when present)",
@@ -82,9 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay")
     t.add_argument("--clip", type=float, default=1.0, help="max gradient norm")
     t.add_argument("--eval-every", type=int, default=200, help="updates between val losses")
-    add_run_args(t, log_every=200, save_every=500)
+    cli.add_run_args(t, log_every=200, save_every=500)
 
-    s = add_subcommand(sub, "sample", "generate text from a checkpoint")
+    s = cli.add_subcommand(sub, "sample", "generate text from a checkpoint")
     s.add_argument("--model", type=Path, required=True, help="a checkpoint folder (OUT/last)")
     s.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
     s.add_argument("--max-new-tokens", type=int, default=200, help="characters to generate")
@@ -98,9 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
 def train(args: argparse.Namespace) -> dict[str, Any]:
     from attn_nlp import DecoderOnlyLM, LMConfig, save_pretrained
 
-    require_positive(args, "context", "embed_dim", "depth", "heads")
-    require_multiple(args, "embed_dim", "heads")
-    text = read_text_file(args.text, "--text")
+    cli.require_positive(args, "context", "embed_dim", "depth", "heads")
+    cli.require_multiple(args, "embed_dim", "heads")
+    text = cli.read_text_file(args.text, "--text")
     if len(text) < 10 * (args.context + 1):
         raise ValueError(f"--text {args.text} is too short for --context {args.context}")
     run = at.start_run(args)  # checks the run flags; writes nothing yet
@@ -174,7 +164,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.command == "sample":
         from attn_nlp import create_model
 
-        require_dir(args.model, "--model")
+        cli.require_dir(args.model, "--model")
         if not args.prompt:
             raise ValueError("--prompt must not be empty")
         model = create_model(args.model)
@@ -201,4 +191,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    run_main(main)
+    cli.run_main(main)

@@ -23,29 +23,19 @@ from typing import Any
 import attn_train as at
 import torch
 import torch.nn.functional as F
-from attn_train import synthetic
-from attn_train.cli import (
-    add_run_args,
-    add_schedule_args,
-    add_subcommand,
-    make_parser,
-    require_file,
-    require_multiple,
-    require_positive,
-    run_main,
-)
+from attn_train import cli, synthetic
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = make_parser(__doc__)
+    p = cli.make_parser(__doc__)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", help="what to do")
-    m = add_subcommand(sub, "make-data", "write generated train.csv / dev.csv reviews")
+    m = cli.add_subcommand(sub, "make-data", "write generated train.csv / dev.csv reviews")
     m.add_argument("out", type=Path, help="output folder")
     m.add_argument("--n-train", type=int, default=5000, help="training reviews")
     m.add_argument("--n-dev", type=int, default=500, help="dev reviews")
     m.add_argument("--seed", type=int, default=0, help="generator seed")
 
-    t = add_subcommand(
+    t = cli.add_subcommand(
         sub,
         "train",
         "train (resumes from OUT/last when present)",
@@ -63,17 +53,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--pool", default="cls", choices=["cls", "mean"], help="[cls] token or mean pooling"
     )
     t.add_argument("--dropout", type=float, default=0.1, help="dropout rate")
-    add_schedule_args(t, epochs=5, batch_size=32, lr=1e-3, warmup=50)
-    add_run_args(t, log_every=20, save_every=500)
+    cli.add_schedule_args(t, epochs=5, batch_size=32, lr=1e-3, warmup=50)
+    cli.add_run_args(t, log_every=20, save_every=500)
     return p
 
 
 def check_inputs(args: argparse.Namespace) -> None:
     """Every path and size a user can get wrong, before anything is built or written."""
-    require_file(args.train, "--train")
-    require_file(args.dev, "--dev")
-    require_positive(args, "max_len", "embed_dim", "depth", "heads", "vocab_size")
-    require_multiple(args, "embed_dim", "heads")
+    cli.require_file(args.train, "--train")
+    cli.require_file(args.dev, "--dev")
+    cli.require_positive(args, "max_len", "embed_dim", "depth", "heads", "vocab_size")
+    cli.require_multiple(args, "embed_dim", "heads")
 
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
@@ -103,7 +93,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     )
     model = TextClassifier(config).to(run.d.device)
     data = at.LabelledTexts(rows, tokenizer, labels, args.max_len)
-    loader = at.make_loader(data, args.batch_size, run.d, seed=args.seed, collate_fn=data.collate)
+    loader = at.make_loader(data, args.batch_size, run.d, seed=args.seed)
     dev_loader = None
     if dev_rows is not None:
         dev = at.LabelledTexts(dev_rows, tokenizer, labels, args.max_len, f"--dev {args.dev}: ")
@@ -151,4 +141,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    run_main(main)
+    cli.run_main(main)

@@ -28,30 +28,20 @@ from typing import Any
 import attn_train as at
 import torch
 import torch.nn.functional as F
-from attn_train import synthetic
-from attn_train.cli import (
-    add_run_args,
-    add_schedule_args,
-    add_subcommand,
-    make_parser,
-    parse_overrides,
-    require_file,
-    require_positive,
-    run_main,
-)
+from attn_train import cli, synthetic
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = make_parser(__doc__)
+    p = cli.make_parser(__doc__)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", help="what to do")
-    m = add_subcommand(sub, "make-data", "write a generated parallel corpus (train.tsv, dev.tsv)")
+    m = cli.add_subcommand(sub, "make-data", "write a generated parallel corpus (train/dev.tsv)")
     m.add_argument("kind", choices=["numbers", "dates"], help="which generated task")
     m.add_argument("out", type=Path, help="output folder")
     m.add_argument("--n-train", type=int, default=20000, help="training pairs")
     m.add_argument("--n-dev", type=int, default=500, help="dev pairs")
     m.add_argument("--seed", type=int, default=0, help="generator seed")
 
-    t = add_subcommand(
+    t = cli.add_subcommand(
         sub,
         "train",
         "train (resumes from OUT/last when present)",
@@ -67,12 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides: embed_dim=256"
     )
     t.add_argument("--max-len", type=int, default=64, help="truncate longer sequences")
-    add_schedule_args(t, epochs=10, batch_size=64, lr=1e-3, warmup=400)
+    cli.add_schedule_args(t, epochs=10, batch_size=64, lr=1e-3, warmup=400)
     t.add_argument("--label-smoothing", type=float, default=0.1, help="cross-entropy smoothing")
     t.add_argument("--clip", type=float, default=1.0, help="max gradient norm")
     t.add_argument("--beams", type=int, default=4, help="beam size for dev decoding")
     t.add_argument("--dev-limit", type=int, default=500, help="dev pairs scored per epoch")
-    add_run_args(t, log_every=50, save_every=500)
+    cli.add_run_args(t, log_every=50, save_every=500)
     return p
 
 
@@ -80,13 +70,13 @@ def check_inputs(args: argparse.Namespace) -> dict[str, Any]:
     """Check the paths and ``--set`` before anything is built or written; the overrides."""
     from attn_nlp import TransformerConfig, get_config
 
-    require_file(args.train, "--train")
-    require_file(args.dev, "--dev")
-    require_file(args.tokenizer, "--tokenizer")
-    require_positive(args, "max_len", "beams")
+    cli.require_file(args.train, "--train")
+    cli.require_file(args.dev, "--dev")
+    cli.require_file(args.tokenizer, "--tokenizer")
+    cli.require_positive(args, "max_len", "beams")
     get_config(args.preset)  # ValueError naming the presets
     known = [f.name for f in dataclasses.fields(TransformerConfig)]
-    return parse_overrides(args.set, known=known)
+    return cli.parse_overrides(args.set, known=known)
 
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
@@ -119,7 +109,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         num_beams=args.beams, max_length=config.max_positions
     )
     data = at.TranslationPairs(pairs, tokenizer, config.max_positions)
-    loader = at.make_loader(data, args.batch_size, run.d, seed=args.seed, collate_fn=data.collate)
+    loader = at.make_loader(data, args.batch_size, run.d, seed=args.seed)
     max_steps, epochs = at.plan_steps(len(loader), args.accum, args.epochs, args.max_steps)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, betas=(0.9, 0.98), eps=1e-9)
     scheduler = at.lambda_lr(optimizer, at.inverse_sqrt_schedule(args.warmup))
@@ -171,4 +161,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    run_main(main)
+    cli.run_main(main)

@@ -56,7 +56,7 @@ from .loop import (
     start_run,
 )
 from .metrics import accuracy, classification_metrics, next_token_loss
-from .optim import param_groups
+from .optim import adamw_cosine, param_groups
 from .schedules import cosine_schedule, inverse_sqrt_schedule, lambda_lr, plan_steps
 from .text import (
     CharVocab,
@@ -89,6 +89,7 @@ __all__ = [
     "TranslationPairs",
     "UnreadableDataError",
     "accuracy",
+    "adamw_cosine",
     "autocast",
     "check_device",
     "check_finite",

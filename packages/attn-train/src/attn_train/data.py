@@ -92,14 +92,15 @@ def make_loader(
     num_workers: int = 0,
 ) -> DataLoader:
     """A loader over a :class:`ResumableSampler` (``loader.sampler``) whose order depends
-    only on ``(seed, epoch)`` -- never on the global RNG."""
+    only on ``(seed, epoch)`` -- never on the global RNG. ``collate_fn`` defaults to the
+    dataset's own ``collate`` (padding for text, skipping unreadable images)."""
     if batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
     return DataLoader(
         dataset,
         batch_size=batch_size,
         sampler=ResumableSampler(dataset, d, shuffle=shuffle, seed=seed),
-        collate_fn=collate_fn,
+        collate_fn=collate_fn or getattr(dataset, "collate", None),
         num_workers=num_workers,
         generator=torch.Generator().manual_seed(seed),  # keeps the global RNG untouched
         pin_memory=d.device.type == "cuda",
@@ -139,6 +140,10 @@ class _SkipAndSeed:
     def set_epoch(self, epoch: int) -> None:
         """Random transforms of epoch ``epoch`` (only matters with ``seed`` set)."""
         self.epoch = epoch
+
+    def collate(self, batch: list[Any]) -> Collated:
+        """:func:`collate_skip_unreadable` (what :func:`make_loader` uses by default)."""
+        return collate_skip_unreadable(batch)
 
     @property
     def source(self) -> str:

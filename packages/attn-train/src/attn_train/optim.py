@@ -14,9 +14,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import torch
 from torch import nn
 
-__all__ = ["NO_WEIGHT_DECAY", "param_groups"]
+from .schedules import cosine_schedule, lambda_lr
+
+__all__ = ["NO_WEIGHT_DECAY", "adamw_cosine", "param_groups"]
 
 # timm's no_weight_decay() names of ViT / Swin (fnmatch patterns)
 NO_WEIGHT_DECAY = ("pos_embed", "cls_token", "reg_token", "*relative_position_bias_table")
@@ -86,3 +89,20 @@ def param_groups(
         no_weight_decay_list=list(no_weight_decay),
         layer_decay=layer_decay,
     )
+
+
+def adamw_cosine(
+    model: nn.Module, args: Any, max_steps: int, **groups: Any
+) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over :func:`param_groups` (``groups``: its keyword arguments) and a warm-up +
+    cosine ``LambdaLR`` to ``max_steps``, from the flags of
+    :func:`attn_train.cli.add_schedule_args` and :func:`~attn_train.cli.add_optimizer_args`
+    (``--lr --warmup --wd --min-lr-ratio``, and ``--beta1 --beta2 --eps`` when present)."""
+    kw: dict[str, Any] = {"lr": args.lr}
+    if hasattr(args, "beta1"):
+        kw["betas"] = (args.beta1, args.beta2)
+    if hasattr(args, "eps"):
+        kw["eps"] = args.eps
+    optimizer = torch.optim.AdamW(param_groups(model, args.wd, **groups), **kw)
+    schedule = cosine_schedule(args.warmup, max_steps, args.min_lr_ratio)
+    return optimizer, lambda_lr(optimizer, schedule)
