@@ -52,14 +52,18 @@ def test_overrides():
     "error, code",
     [(NonFiniteLossError("loss is nan"), 1), (ValueError("bad"), 2), (KeyboardInterrupt(), 130)],
 )
-def test_run_main_exits(error, code, capsys):
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_run_main_exits(error, code, rank, capsys, monkeypatch):
+    """One line and the code; under torchrun only rank 0 says it (every rank exits)."""
+    monkeypatch.setenv("RANK", rank)
+
     def main():
         raise error
 
     with pytest.raises(SystemExit) as e:
         run_main(main)
     assert e.value.code == code
-    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert len(capsys.readouterr().err.strip().splitlines()) == (1 if rank == "0" else 0)
 
 
 def test_loop_config_from_the_shared_flags():

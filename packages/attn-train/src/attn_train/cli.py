@@ -327,26 +327,25 @@ def _is_main_rank() -> bool:
 def run_main(main: Callable[[], Any]) -> NoReturn:
     """Run a recipe's ``main()`` as a command and exit: 0 (or ``main()``'s int), 1 with one
     ``error:`` line for a NaN / inf loss, 2 for bad input (``ValueError``, ``OSError``,
-    weights errors), 130 with one ``interrupted`` line for Ctrl-C. Warnings print as one
-    ``warning:`` line each."""
+    weights errors), 130 with one ``interrupted`` line for Ctrl-C; under ``torchrun`` the line
+    is printed by rank 0 only. Warnings print as one ``warning:`` line each."""
     from attn_core.hub import WeightsError
 
     from .loop import NonFiniteLossError
 
     show, warnings.showwarning = warnings.showwarning, _show_warning
+    message = ""
     try:
         result = main()
         code = result if isinstance(result, int) else 0
     except NonFiniteLossError as e:
-        print(f"error: {one_line(e)}", file=sys.stderr)
-        code = 1
+        message, code = f"error: {one_line(e)}", 1
     except (ValueError, OSError, WeightsError) as e:
-        print(f"error: {one_line(e)}", file=sys.stderr)
-        code = 2
+        message, code = f"error: {one_line(e)}", 2
     except KeyboardInterrupt as e:  # attn_train.TrainingInterrupted says where to resume
-        if _is_main_rank():
-            print("interrupted" + (f": {one_line(e)}" if str(e) else ""), file=sys.stderr)
-        code = 130
+        message, code = "interrupted" + (f": {one_line(e)}" if str(e) else ""), 130
     finally:
         warnings.showwarning = show
+    if message and _is_main_rank():  # under torchrun every rank has the same error: say it once
+        print(message, file=sys.stderr)
     raise SystemExit(code)
