@@ -24,12 +24,13 @@ from .kv_cache import KVCache
 from .linear_attention import LinearAttention, PerformerAttention, linear_attention
 from .masks import causal_mask, combine_masks, padding_mask, sliding_window_mask, to_additive
 from .mha import MultiHeadAttention
-from .rope import RotaryEmbedding
+from .rope import AxialRotaryEmbedding, RotaryEmbedding, apply_rotary
 from .sliding_window import sliding_window_attention
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AxialRotaryEmbedding",
     "BACKENDS",
     "AdditiveAttention",
     "AttentionBackendError",
@@ -42,6 +43,7 @@ __all__ = [
     "PerformerAttention",
     "QuickGELU",
     "RotaryEmbedding",
+    "apply_rotary",
     "TransformerBlock",
     "attention",
     "available_backends",
