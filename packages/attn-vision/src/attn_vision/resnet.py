@@ -1,13 +1,16 @@
-"""A small ResNet (He et al. 2016, BasicBlock: ResNet-18 / 34) with pluggable channel attention.
+"""ResNet (He et al. 2016): BasicBlock (ResNet-18 / 34) and Bottleneck (ResNet-50 / 101 / 152)
+stages with pluggable channel attention, and the "D" tweaks (He et al. 2019, "Bag of Tricks":
+a deep 3x3 stem, average-pool downsampling in the shortcut).
 
 Shape legend: ``B`` batch, ``C`` channels, ``H`` / ``W`` feature-map size, ``K`` classes.
 
 Each residual block can carry one attention module from
 :mod:`attn_vision.channel_attention` (``"se"``, ``"eca"``, ``"cbam"``, ``"coord"``),
 applied to the residual branch before the skip is added, as in SE-ResNet.
-Names follow timm's ``ResNet`` (``conv1``, ``bn1``, ``layer{1-4}.{j}.conv1`` / ``bn1`` /
-``conv2`` / ``bn2`` / ``se`` / ``downsample.{0,1}``, ``fc``) so timm's ``resnet18``,
-``resnet34``, ``seresnet18``, ... weights load unchanged.
+Names follow timm's ``ResNet`` (``conv1`` (a ``Sequential`` for the deep stem), ``bn1``,
+``layer{1-4}.{j}.conv1`` / ``bn1`` / ``conv2`` / ``bn2`` (/ ``conv3`` / ``bn3``) / ``se`` /
+``downsample``, ``fc``) so timm's ``resnet18``, ``resnet50``, ``resnet50d``, ``seresnet50``,
+``ecaresnet50d``, ... weights load unchanged.
 """
 
 from __future__ import annotations
@@ -21,18 +24,21 @@ from torch import nn
 
 from .channel_attention import create_attn
 
-__all__ = ["BasicBlock", "ResNet", "ResNetConfig"]
+__all__ = ["BasicBlock", "Bottleneck", "ResNet", "ResNetConfig"]
 
 
 @dataclass
 class ResNetConfig:
     """Architecture of a :class:`ResNet`."""
 
-    layers: tuple[int, ...] = (2, 2, 2, 2)  # BasicBlocks per stage (ResNet-18; (3, 4, 6, 3) = 34)
+    layers: tuple[int, ...] = (2, 2, 2, 2)  # blocks per stage (ResNet-18; (3, 4, 6, 3) = 34 / 50)
+    block: str = "basic"  # "basic" (two 3x3 convs) or "bottleneck" (1x1, 3x3, 1x1 x 4 wide)
     in_chans: int = 3  # input image channels
     num_classes: int = 1000  # classifier outputs; 0 = no head
     attn_layer: str | None = None  # "se", "eca", "cbam", "coord" or None in every block
-    stem_width: int = 64  # channels of the stem and stage 1; stage i has 64 * 2**i
+    stem_width: int = 64  # channels out of the stem; stage i has stem_width * 2**i planes
+    stem_type: str = ""  # "" (7x7 conv) or "deep" (three 3x3 convs, stem_width / 2 inside)
+    avg_down: bool = False  # shortcut downsampling by 2x2 average pool + 1x1 conv ("D")
     drop_rate: float = 0.0  # dropout before the classifier
     drop_path_rate: float = 0.0  # stochastic depth on the residual branches
 
@@ -40,10 +46,32 @@ class ResNetConfig:
         self.layers = tuple(self.layers)
         if len(self.layers) != 4:
             raise ValueError(f"layers must give the blocks of 4 stages, got {self.layers}")
+        if self.block not in ("basic", "bottleneck"):
+            raise ValueError(f"block must be 'basic' or 'bottleneck', got {self.block!r}")
+        if self.stem_type not in ("", "deep"):
+            raise ValueError(f"stem_type must be '' or 'deep', got {self.stem_type!r}")
+
+
+def _downsample(inplanes: int, outplanes: int, stride: int, avg_down: bool) -> nn.Module | None:
+    """The shortcut projection on a shape change (timm's ``downsample_conv`` / ``_avg``)."""
+    if stride == 1 and inplanes == outplanes:
+        return None
+    if not avg_down:
+        conv = nn.Conv2d(inplanes, outplanes, 1, stride=stride, bias=False)
+        return nn.Sequential(conv, nn.BatchNorm2d(outplanes))
+    pool = (
+        nn.AvgPool2d(2, stride, ceil_mode=True, count_include_pad=False)
+        if stride > 1
+        else nn.Identity()
+    )
+    conv = nn.Conv2d(inplanes, outplanes, 1, bias=False)
+    return nn.Sequential(pool, conv, nn.BatchNorm2d(outplanes))
 
 
 class BasicBlock(nn.Module):
     """``act(skip(x) + attn(bn2(conv2(act(bn1(conv1(x)))))))``; skip projects on a shape change."""
+
+    expansion = 1
 
     def __init__(
         self,
@@ -52,6 +80,7 @@ class BasicBlock(nn.Module):
         stride: int = 1,
         attn_layer: str | None = None,
         drop_path: float = 0.0,
+        avg_down: bool = False,
     ) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(inplanes, planes, 3, stride=stride, padding=1, bias=False)
@@ -61,11 +90,7 @@ class BasicBlock(nn.Module):
         self.bn2 = nn.BatchNorm2d(planes)
         self.se = create_attn(attn_layer, planes)  # timm calls the slot "se" for every kind
         self.act2 = nn.ReLU(inplace=True)
-        self.downsample = None
-        if stride != 1 or inplanes != planes:
-            self.downsample = nn.Sequential(
-                nn.Conv2d(inplanes, planes, 1, stride=stride, bias=False), nn.BatchNorm2d(planes)
-            )
+        self.downsample = _downsample(inplanes, planes, stride, avg_down)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -77,9 +102,56 @@ class BasicBlock(nn.Module):
             x = self.se(x)
         return self.act2(self.drop_path(x) + shortcut)
 
+    def last_norm(self) -> nn.BatchNorm2d:
+        return self.bn2
+
+
+class Bottleneck(nn.Module):
+    """1x1 reduce, 3x3 (with the stride), 1x1 expand to ``4 * planes``, attention, + skip."""
+
+    expansion = 4
+
+    def __init__(
+        self,
+        inplanes: int,
+        planes: int,
+        stride: int = 1,
+        attn_layer: str | None = None,
+        drop_path: float = 0.0,
+        avg_down: bool = False,
+    ) -> None:
+        super().__init__()
+        outplanes = planes * self.expansion
+        self.conv1 = nn.Conv2d(inplanes, planes, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.act1 = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride=stride, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.act2 = nn.ReLU(inplace=True)
+        self.conv3 = nn.Conv2d(planes, outplanes, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(outplanes)
+        self.se = create_attn(attn_layer, outplanes)
+        self.act3 = nn.ReLU(inplace=True)
+        self.downsample = _downsample(inplanes, outplanes, stride, avg_down)
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, C_in, H, W)`` -> ``(B, 4 * planes, H / stride, W / stride)``."""
+        shortcut = x if self.downsample is None else self.downsample(x)
+        x = self.act1(self.bn1(self.conv1(x)))
+        x = self.act2(self.bn2(self.conv2(x)))
+        x = self.bn3(self.conv3(x))
+        if self.se is not None:
+            x = self.se(x)
+        return self.act3(self.drop_path(x) + shortcut)
+
+    def last_norm(self) -> nn.BatchNorm2d:
+        return self.bn3
+
 
 class ResNet(nn.Module):
-    """Stem (7x7 conv, stride 2 + max-pool), four stages of BasicBlocks, avg pool, ``fc``.
+    """Stem (7x7 conv or three 3x3 convs, stride 2, + max-pool), four stages of blocks,
+    avg pool, ``fc``.
 
     Build from a config (or its fields as keyword arguments). ``weight_init=False`` skips
     the random init, for weights that are loaded right after.
@@ -94,11 +166,24 @@ class ResNet(nn.Module):
         self.num_classes = c.num_classes
         self.grad_checkpointing = False
         w = c.stem_width
-        self.conv1 = nn.Conv2d(c.in_chans, w, 7, stride=2, padding=3, bias=False)
+        if c.stem_type == "deep":  # timm: conv1.0 / .1 (BN) / .3 / .4 (BN) / .6
+            half = w // 2
+            self.conv1 = nn.Sequential(
+                nn.Conv2d(c.in_chans, half, 3, stride=2, padding=1, bias=False),
+                nn.BatchNorm2d(half),
+                nn.ReLU(inplace=True),
+                nn.Conv2d(half, half, 3, padding=1, bias=False),
+                nn.BatchNorm2d(half),
+                nn.ReLU(inplace=True),
+                nn.Conv2d(half, w, 3, padding=1, bias=False),
+            )
+        else:
+            self.conv1 = nn.Conv2d(c.in_chans, w, 7, stride=2, padding=3, bias=False)
         self.bn1 = nn.BatchNorm2d(w)
         self.act1 = nn.ReLU(inplace=True)
         self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
 
+        block = Bottleneck if c.block == "bottleneck" else BasicBlock
         dpr = torch.linspace(0, c.drop_path_rate, sum(c.layers), device="cpu").tolist()
         inplanes, idx = w, 0
         for i, n in enumerate(c.layers):
@@ -106,8 +191,9 @@ class ResNet(nn.Module):
             blocks = []
             for j in range(n):
                 stride = 2 if (i > 0 and j == 0) else 1
-                blocks.append(BasicBlock(inplanes, planes, stride, c.attn_layer, dpr[idx]))
-                inplanes, idx = planes, idx + 1
+                args = (stride, c.attn_layer, dpr[idx], c.avg_down)
+                blocks.append(block(inplanes, planes, *args))
+                inplanes, idx = planes * block.expansion, idx + 1
             self.add_module(f"layer{i + 1}", nn.Sequential(*blocks))
         self.num_features = inplanes
         self.head_drop = nn.Dropout(c.drop_rate)
@@ -122,8 +208,8 @@ class ResNet(nn.Module):
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
         for m in self.modules():
-            if isinstance(m, BasicBlock):
-                nn.init.zeros_(m.bn2.weight)
+            if isinstance(m, BasicBlock | Bottleneck):
+                nn.init.zeros_(m.last_norm().weight)
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Recompute each block in backward (BN statistics then update twice per step, as timm)."""
