@@ -70,3 +70,24 @@ def test_bad_shapes_are_value_errors():
         AxialRotaryEmbedding(6)
     with pytest.raises(ValueError, match=r"1 \+ 3 \* 3 tokens"):
         AxialRotaryEmbedding(8)(torch.randn(1, 9, 8), (3, 3), num_prefix_tokens=1)
+
+
+def test_block_with_inner_norms_and_2d_rope_runs_off_the_fast_path():
+    """EVA02's block: inner norms (timm ``attn.norm`` / ``mlp.norm``), SwiGLU, a per-call 2D
+    rope; ``run_blocks`` gives the block's own forward for it."""
+    from attn_core import TransformerBlock
+    from attn_core.fast_inference import block_supported, run_blocks
+
+    blk = TransformerBlock(32, 2, act="swiglu", inner_norms=True).eval()
+    names = set(blk.state_dict())
+    assert {"attn.norm.weight", "mlp.norm.weight", "mlp.fc1.weight"} <= names
+    assert not block_supported(blk)
+    rope = AxialRotaryEmbedding(16)
+    x = torch.randn(2, 1 + 9, 32)
+
+    def rotary(t):
+        return rope(t, (3, 3), 1)
+
+    with torch.no_grad():
+        assert_close(run_blocks([blk], x, rotary=rotary), blk(x, rotary=rotary))
+        assert not torch.allclose(blk(x, rotary=rotary), blk(x))

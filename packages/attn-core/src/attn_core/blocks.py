@@ -43,7 +43,8 @@ class FeedForward(nn.Module):
     """Position-wise MLP: ``fc2(drop(act(fc1(x))))`` ``(..., D) -> (..., out_dim)``.
 
     ``act="swiglu"`` makes it gated (Shazeer 2020): ``fc1`` produces ``[x, gate]`` and
-    the hidden activation is ``x * silu(gate)``.
+    the hidden activation is ``x * silu(gate)``. ``inner_norm`` (a norm constructor)
+    normalises the hidden activation before ``fc2`` (EVA02's ``scale_mlp``, NormFormer).
     """
 
     def __init__(
@@ -55,6 +56,7 @@ class FeedForward(nn.Module):
         act: str = "gelu",
         dropout: float = 0.0,
         bias: bool = True,
+        inner_norm: Callable[[int], nn.Module] | None = None,
     ) -> None:
         super().__init__()
         if act not in ACTIVATIONS:
@@ -64,6 +66,7 @@ class FeedForward(nn.Module):
         self.fc1 = nn.Linear(dim, hidden_dim * (2 if self.gated else 1), bias=bias)
         self.act = ACTIVATIONS[act]()
         self.drop = nn.Dropout(dropout)
+        self.norm = inner_norm(hidden_dim) if inner_norm is not None else nn.Identity()
         self.fc2 = nn.Linear(hidden_dim, dim if out_dim is None else out_dim, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -73,7 +76,7 @@ class FeedForward(nn.Module):
             x = x * self.act(gate)
         else:
             x = self.act(x)
-        return self.fc2(self.drop(x))
+        return self.fc2(self.norm(self.drop(x)))
 
 
 class LayerScale(nn.Module):
@@ -130,6 +133,9 @@ class TransformerBlock(nn.Module):
         layer_scale: LayerScale init value, or None for no layer scale.
         norm_layer: norm constructor taking the width (e.g. ``partial(nn.LayerNorm, eps=1e-6)``).
         qk_norm: normalise queries and keys per head with ``norm_layer`` (as timm).
+        inner_norms: ``norm_layer`` inside both branches, on the attention output before its
+            projection and on the MLP's hidden activation (EVA02's ``scale_attn_inner`` and
+            ``scale_mlp``).
         rope, backend: passed to :class:`MultiHeadAttention` (self-attention).
     """
 
@@ -153,11 +159,13 @@ class TransformerBlock(nn.Module):
         layer_scale: float | None = None,
         norm_layer: Callable[[int], nn.Module] = nn.LayerNorm,
         qk_norm: bool = False,
+        inner_norms: bool = False,
         rope: RotaryEmbedding | bool | None = None,
         backend: str | None = None,
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
+        inner = norm_layer if inner_norms else None
 
         def scale() -> nn.Module:
             return LayerScale(dim, layer_scale) if layer_scale is not None else nn.Identity()
@@ -173,6 +181,7 @@ class TransformerBlock(nn.Module):
             dropout=attn_dropout,
             bias=bias,
             qk_norm=norm_layer if qk_norm else False,
+            inner_norm=inner,
             rope=rope,
             backend=backend,
         )
@@ -193,7 +202,9 @@ class TransformerBlock(nn.Module):
             self.cross_attn = None
         self.norm2 = norm_layer(dim)
         hidden = mlp_hidden_dim if mlp_hidden_dim is not None else int(dim * mlp_ratio)
-        self.mlp = FeedForward(dim, hidden, act=act, dropout=dropout, bias=mlp_bias)
+        self.mlp = FeedForward(
+            dim, hidden, act=act, dropout=dropout, bias=mlp_bias, inner_norm=inner
+        )
         self.ls2, self.drop_path2 = scale(), drop()
         self.dropout = dropout
 
@@ -214,11 +225,13 @@ class TransformerBlock(nn.Module):
         kv_cache: KVCache | None = None,
         cross_kv_cache: KVCache | None = None,
         need_weights: bool = False,
+        rotary: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """``x`` ``(B, L, D)`` (and ``context`` ``(B, S, context_dim)``) -> ``(B, L, D)``.
 
         ``attn_mask`` / ``key_padding_mask`` / ``is_causal`` apply to self-attention,
-        ``context_key_padding_mask`` to cross-attention (True = padding).
+        ``context_key_padding_mask`` to cross-attention (True = padding); ``rotary`` rotates
+        the self-attention queries and keys (e.g. a 2D RoPE for this input's patch grid).
         ``need_weights=True`` returns ``(x, weights)`` with the self-attention weights
         ``(B, H, L, L)`` (computed by the ``math`` backend).
         """
@@ -233,6 +246,7 @@ class TransformerBlock(nn.Module):
                 is_causal=is_causal,
                 need_weights=need_weights,
                 kv_cache=kv_cache,
+                rotary=rotary,
             )
             weights.append(w)
             return out

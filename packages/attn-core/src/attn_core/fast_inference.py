@@ -100,7 +100,8 @@ def fast_path_available(x: torch.Tensor) -> bool:
 def block_supported(block: nn.Module) -> bool:
     """Whether the fast path runs ``block`` itself (other blocks run as ``block(x)``): a
     pre-norm self-attention :class:`TransformerBlock` in eval mode with plain ``nn.Linear``
-    layers (not, e.g., quantized ones), a fused ``qkv``, no RoPE and no gated MLP."""
+    layers (not, e.g., quantized ones), a fused ``qkv``, no RoPE, no inner norms and no
+    gated MLP."""
     if not isinstance(block, TransformerBlock) or block.training:
         return False
     attn = block.attn
@@ -112,6 +113,8 @@ def block_supported(block: nn.Module) -> bool:
         and attn.fused_qkv
         and attn.rope is None
         and not block.mlp.gated
+        and type(attn.norm) is nn.Identity
+        and type(block.mlp.norm) is nn.Identity
         and isinstance(block.ls1, (nn.Identity, LayerScale))
         and isinstance(block.ls2, (nn.Identity, LayerScale))
     )
@@ -291,12 +294,14 @@ def _run(
     rows: torch.Tensor | None = None,
     prefix: Sequence[KV] | None = None,
     keep_kv: list[KV] | None = None,
+    rotary: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """:func:`run_blocks` with per-block ``prefix`` keys / values and ``keep_kv`` (these
     need every block supported)."""
     if not blocks:
         return x if rows is None else x[torch.arange(x.shape[0], device=x.device), rows][:, None]
-    fast = fast_path_available(x)
+    fast = fast_path_available(x) and rotary is None
+    extra = {} if rotary is None else {"rotary": rotary}
     last = len(blocks) - 1
     for i, blk in enumerate(blocks):
         r = rows if i == last else None
@@ -309,7 +314,7 @@ def _run(
             continue
         if prefix is not None or keep_kv is not None:
             raise ValueError("prefix / keep_kv need the fast path and supported blocks")
-        x = blk(x, attn_mask=attn_mask, is_causal=is_causal)
+        x = blk(x, attn_mask=attn_mask, is_causal=is_causal, **extra)
         if r is not None:
             x = x[torch.arange(x.shape[0], device=x.device), r][:, None]
     return x
@@ -322,6 +327,7 @@ def run_blocks(
     is_causal: bool = False,
     attn_mask: torch.Tensor | None = None,
     rows: torch.Tensor | None = None,
+    rotary: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """``for blk in blocks: x = blk(x, attn_mask=attn_mask, is_causal=is_causal)``, fast.
 
@@ -332,12 +338,14 @@ def run_blocks(
         rows: ``(B,)``: return only token ``rows[b]`` of the last block's output,
             ``(B, 1, D)``; its keys and values still come from every token, so the result
             equals those rows of the full output.
+        rotary: passed to every block (2D RoPE); the blocks then run their own forward.
 
     Runs the fast kernels where :func:`fast_path_available` and :func:`block_supported`
     allow, the blocks' own forward elsewhere; no dropout either way (an inference path:
     models call it in eval mode without autograd).
     """
-    return _run(list(blocks), x, is_causal=is_causal, attn_mask=attn_mask, rows=rows)
+    kw = dict(is_causal=is_causal, attn_mask=attn_mask, rows=rows, rotary=rotary)
+    return _run(list(blocks), x, **kw)
 
 
 def patchify(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:

@@ -36,6 +36,8 @@ class MultiHeadAttention(nn.Module):
         kdim, vdim: widths of key / value inputs for cross-attention (default ``E``).
         qk_norm: normalise queries and keys over the head width (ViT-22B style): ``True``
             for ``nn.LayerNorm``, or a norm constructor such as ``partial(nn.LayerNorm, eps=1e-6)``.
+        inner_norm: a norm constructor applied to the attention output (all heads) before
+            ``proj`` (EVA02's ``scale_attn_inner``; timm names it ``attn.norm``).
         rope: a :class:`RotaryEmbedding` (or ``True`` for one over the full head width)
             applied to queries and keys in self-attention.
         backend: force an ``attention()`` backend for this layer.
@@ -52,6 +54,7 @@ class MultiHeadAttention(nn.Module):
         kdim: int | None = None,
         vdim: int | None = None,
         qk_norm: bool | Callable[[int], nn.Module] = False,
+        inner_norm: Callable[[int], nn.Module] | None = None,
         rope: RotaryEmbedding | bool | None = None,
         backend: str | None = None,
     ) -> None:
@@ -86,6 +89,7 @@ class MultiHeadAttention(nn.Module):
         self.q_norm = norm(self.head_dim) if norm else nn.Identity()
         self.k_norm = norm(self.head_dim) if norm else nn.Identity()
         self.rope = RotaryEmbedding(self.head_dim) if rope is True else (rope or None)
+        self.norm = inner_norm(embed_dim) if inner_norm is not None else nn.Identity()
         self.proj = nn.Linear(embed_dim, embed_dim, bias=bias)
 
     def extra_repr(self) -> str:
@@ -156,6 +160,7 @@ class MultiHeadAttention(nn.Module):
         is_causal: bool = False,
         need_weights: bool = False,
         kv_cache: KVCache | None = None,
+        rotary: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attend from ``query`` ``(B, Lq, E)`` to ``key``/``value`` ``(B, Lk, kdim/vdim)``.
 
@@ -165,7 +170,8 @@ class MultiHeadAttention(nn.Module):
         key_padding_mask bool True = padding) and cover every key, cached ones included.
         With ``kv_cache``, self-attention appends this step's keys/values (RoPE
         continues from the cached length) and cross-attention computes the keys/values
-        once and reuses them afterwards.
+        once and reuses them afterwards. ``rotary`` (self-attention) rotates queries and
+        keys ``(B, heads, L, hd)`` for this call, e.g. a 2D RoPE bound to the patch grid.
 
         Returns ``(out (B, Lq, E), weights (B, H, Lq, Lk) or None)``; weights are per head.
         """
@@ -204,6 +210,8 @@ class MultiHeadAttention(nn.Module):
             offset = 0 if kv_cache is None else kv_cache.seq_len
             if self.rope is not None:
                 q, k = self.rope(q, offset), self.rope(k, offset)
+            if rotary is not None:
+                q, k = rotary(q), rotary(k)
             if kv_cache is not None:
                 k, v = kv_cache.update(k, v)
         elif kv_cache is not None:
@@ -222,4 +230,4 @@ class MultiHeadAttention(nn.Module):
         )
         out, weights = result if need_weights else (result, None)
         out = out.transpose(1, 2).reshape(B, Lq, E)  # (B, Lq, E)
-        return self.proj(out), weights
+        return self.proj(self.norm(out)), weights
