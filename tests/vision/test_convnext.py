@@ -1,0 +1,41 @@
+"""ConvNeXt: timm parity (Linear and 1x1-conv MLPs, MLP head, norm-first head, eps)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from attn_vision.convnext import ConvNeXt, ConvNeXtConfig
+from safetensors.torch import load_file
+
+SHRUNK = (1, 1, 2, 1)  # blocks per stage; widths are timm's
+CASES = {  # timm name -> our config fields
+    "convnext_atto": dict(dims=(40, 80, 160, 320), conv_mlp=True),
+    "convnext_tiny": dict(dims=(96, 192, 384, 768)),
+    "convnext_tiny_hnf": dict(dims=(96, 192, 384, 768), head_norm_first=True, conv_mlp=True),
+    "convnext_large_mlp": dict(dims=(192, 384, 768, 1536), head_hidden_size=1536),
+    "convnext_xxlarge": dict(dims=(384, 768, 1536, 3072), norm_eps=1e-5),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_convnext_matches_timm(name, timm_checkpoint, assert_parity):
+    ref, path = timm_checkpoint(name, depths=SHRUNK, num_classes=5)
+    ours = ConvNeXt(ConvNeXtConfig(depths=SHRUNK, num_classes=5, **CASES[name]), weight_init=False)
+    ours.load_state_dict(load_file(str(path)))  # timm's names and shapes, unchanged
+    assert_parity(ref, ours.eval(), torch.randn(2, 3, 64, 64))
+
+
+def test_pooled_features_reset_classifier_and_bad_configs(timm_checkpoint):
+    ref, path = timm_checkpoint("convnext_atto", depths=SHRUNK, num_classes=5)
+    ours = ConvNeXt(ConvNeXtConfig(depths=SHRUNK, num_classes=5, **CASES["convnext_atto"]))
+    ours.load_state_dict(load_file(str(path)))
+    ours.eval().reset_classifier(0)
+    ref.eval().reset_classifier(0)
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), ref(x), atol=1e-4, rtol=1e-4)  # (1, 320) pooled
+    assert ours(x).shape == (1, 320)
+    with pytest.raises(ValueError, match="4 stages"):
+        ConvNeXtConfig(depths=(1, 1, 1))
+    with pytest.raises(ValueError, match="image batch"):
+        ours(torch.randn(1, 1, 64, 64))
