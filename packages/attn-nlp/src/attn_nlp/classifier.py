@@ -83,9 +83,15 @@ class TextClassifier(nn.Module):
             nn.init.normal_(self.cls_token, std=0.02)
 
     def forward(
-        self, ids: torch.Tensor, key_padding_mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """``key_padding_mask`` ``(B, L)`` True = padding; default ``ids == pad_id``."""
+        self,
+        ids: torch.Tensor,
+        key_padding_mask: torch.Tensor | None = None,
+        *,
+        return_layers: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+        """``key_padding_mask`` ``(B, L)`` True = padding; default ``ids == pad_id``.
+        ``return_layers``: ``(logits, hidden_states, attentions)`` with every encoder
+        block's output and attention weights (see :meth:`TransformerEncoder.forward`)."""
         if ids.ndim != 2:
             raise ValueError(f"ids must be (B, L), got {tuple(ids.shape)}")
         if key_padding_mask is None:
@@ -97,10 +103,12 @@ class TextClassifier(nn.Module):
             key_padding_mask = torch.cat((no_pad, key_padding_mask), dim=1)  # (B, 1 + L)
         if self.pos_embed is not None:
             x = x + self.pos_embed(0, x.shape[1])
-        x = self.encoder(self.drop(x), key_padding_mask)
+        layers = self.encoder(self.drop(x), key_padding_mask, return_layers=return_layers)
+        x = layers[0] if return_layers else layers
         if self.cls_token is not None:
             pooled = x[:, 0]  # (B, D)
         else:
             keep = (~key_padding_mask).unsqueeze(-1).to(x.dtype)  # (B, L, 1)
             pooled = (x * keep).sum(1) / keep.sum(1).clamp_min(1.0)
-        return self.head(pooled)  # (B, C)
+        logits = self.head(pooled)  # (B, C)
+        return (logits, layers[1], layers[2]) if return_layers else logits

@@ -72,11 +72,24 @@ class TransformerEncoder(_BlockStack):
     """``depth`` self-attention blocks (+ optional final LayerNorm): ``(B, S, D) -> (B, S, D)``."""
 
     def forward(
-        self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
+        self,
+        x: torch.Tensor,
+        key_padding_mask: torch.Tensor | None = None,
+        *,
+        return_layers: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+        """``return_layers``: also each block's output ``(B, S, D)`` and its self-attention
+        weights ``(B, H, S, S)`` (the ``math`` backend's; the output is unchanged), for
+        distillation: ``(x, hidden_states, attentions)``."""
+        hidden, attentions = [], []
         for block in self.blocks:
-            x = block(x, key_padding_mask=key_padding_mask)
-        return self.norm(x)
+            if return_layers:
+                x, weights = block(x, key_padding_mask=key_padding_mask, need_weights=True)
+                hidden.append(x)
+                attentions.append(weights)
+            else:
+                x = block(x, key_padding_mask=key_padding_mask)
+        return (self.norm(x), hidden, attentions) if return_layers else self.norm(x)
 
 
 class TransformerDecoder(_BlockStack):
