@@ -43,11 +43,11 @@ def randomize_(model: nn.Module, reinit: bool) -> nn.Module:
 def timm_checkpoint(tmp_path: Path) -> Callable[..., tuple[nn.Module, Path]]:
     """``make(name, **kwargs) -> (timm_model.eval(), path)``: random timm model + its safetensors.
 
-    ViT and Swin skip timm's (slow, truncated-normal) init and are drawn by ``randomize_``.
+    ViT, DeiT and Swin skip timm's (slow, truncated-normal) init and are drawn by ``randomize_``.
     """
 
     def make(name: str, **kwargs) -> tuple[nn.Module, Path]:
-        skip = name.startswith(("vit_", "swin_"))
+        skip = name.startswith(("vit_", "deit", "swin_"))
         if skip:
             kwargs.setdefault("weight_init", "skip")
         model = timm.create_model(name, pretrained=False, **kwargs)
@@ -61,7 +61,8 @@ def timm_checkpoint(tmp_path: Path) -> Callable[..., tuple[nn.Module, Path]]:
 
 @pytest.fixture
 def assert_parity() -> Callable[[nn.Module, nn.Module, torch.Tensor], None]:
-    """``check(reference, ours, x)``: same ``forward_features`` and logits (fp32, 1e-4)."""
+    """``check(reference, ours, x)``: same ``forward_features``, ``forward_head`` and
+    ``forward`` outputs (fp32, 1e-4)."""
 
     @torch.no_grad()
     def check(reference: nn.Module, ours: nn.Module, x: torch.Tensor) -> None:
@@ -71,6 +72,7 @@ def assert_parity() -> Callable[[nn.Module, nn.Module, torch.Tensor], None]:
         torch.testing.assert_close(
             ours.forward_head(our_feats), reference.forward_head(ref_feats), **TOL
         )
+        torch.testing.assert_close(ours(x), reference(x), **TOL)
 
     return check
 

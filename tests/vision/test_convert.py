@@ -99,3 +99,17 @@ def test_bad_paths_and_files(tmp_path, tiny_sd) -> None:
     save_file({k: v.contiguous() for k, v in tiny_sd.items()}, str(tmp_path / "tiny.safetensors"))
     with pytest.raises(CheckpointError, match=r"(?s)missing keys.*blocks\.1\..*depth"):
         create_model("vit_tiny_patch16_224", pretrained=tmp_path / "tiny.safetensors", depth=2)
+
+
+def test_map_head_is_dropped_when_the_model_pools_otherwise() -> None:
+    """timm loads a SigLIP checkpoint into a tower built with global_pool='avg' without its
+    MAP head (non-strict for SigLIP); so do we. A model with the head needs every key."""
+    name, small = "vit_base_patch16_siglip_224", dict(depth=1, img_size=32)
+    sd = timm.create_model(name, weight_init="skip", **small).state_dict()
+    assert any(k.startswith("attn_pool.") for k in sd)
+    gap = get_model_config(name, global_pool="avg", fc_norm=False, **small)  # as *_siglip_gap_*
+    out = convert_timm_vit(sd, gap)
+    assert not any(k.startswith("attn_pool.") for k in out)
+    del sd["attn_pool.latent"]
+    with pytest.raises(CheckpointError, match="missing keys \\(1\\): attn_pool.latent"):
+        convert_timm_vit(sd, get_model_config(name, **small))

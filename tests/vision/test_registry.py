@@ -23,7 +23,7 @@ from attn_vision import (
     save_pretrained,
 )
 from attn_vision.pretrained import TABLE_PATH
-from attn_vision.registry import timm_pretrained_table
+from attn_vision.timm_table import timm_pretrained_table
 from timm.models import get_pretrained_cfg as timm_get_pretrained_cfg
 
 REQUIRED = [
@@ -75,6 +75,19 @@ def test_configs_match_timm_architecture_arguments() -> None:
     assert (cfg.patch_size, cfg.embed_dim, cfg.depth, cfg.num_heads) == (32, 768, 12, 12)
     assert cfg.pre_norm and cfg.norm_eps == 1e-5
     assert get_model_config("vit_large_patch16_224").embed_dim == 1024
+    dino = get_model_config("vit_small_patch14_reg4_dinov2")  # fixed size from the tag, as timm
+    assert (dino.img_size, dino.patch_size, dino.reg_tokens, dino.num_classes) == (
+        (518, 518),
+        14,
+        4,
+        0,
+    )
+    assert dino.no_embed_class and dino.init_values == 1e-5
+    siglip = get_model_config("vit_base_patch16_siglip_224")
+    assert (siglip.global_pool, siglip.class_token) == ("map", False)
+    assert get_model_config("deit_small_distilled_patch16_224").dist_token
+    medium = get_model_config("vit_medium_patch16_gap_256")
+    assert (medium.qkv_bias, medium.proj_bias) == (False, True)
     swin_b = get_model_config("swin_base_patch4_window7_224")
     assert (swin_b.embed_dim, swin_b.depths, swin_b.num_heads) == (
         128,
@@ -143,6 +156,9 @@ def test_shipped_timm_table_is_up_to_date() -> None:
         "swin_base_patch4_window12_384.ms_in22k",
         "resnet18.tv_in1k",
         "vit_base_patch16_gap_224",  # timm's default tag has no weights
+        "deit_small_distilled_patch16_224.fb_in1k",
+        "vit_small_patch14_reg4_dinov2",
+        "vit_base_patch16_siglip_224.v2_webli",
     ],
 )
 def test_pretrained_cfg_equals_timms(name) -> None:
@@ -187,6 +203,9 @@ print(sorted({k.split(".")[0] for k in sys.modules} & heavy))
         ),
         ("resnet18_cbam", dict(num_classes=7, layers=(1, 1, 1, 1)), (2, 3, 64, 64)),
         ("resnet34.tv_in1k", dict(layers=(1, 1, 1, 1)), (2, 3, 64, 64)),
+        ("deit_tiny_distilled_patch16_224", dict(depth=1), (2, 3, 224, 224)),
+        ("vit_small_patch14_reg4_dinov2", dict(depth=1, img_size=56), (2, 3, 56, 56)),
+        ("vit_base_patch16_siglip_224", dict(depth=1, img_size=64), (2, 3, 64, 64)),
     ],
 )
 def test_save_pretrained_round_trip(name, overrides, shape, tmp_path, randomize) -> None:

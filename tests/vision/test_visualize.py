@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 import torch
 from attn_vision import (
+    VisionTransformer,
+    ViTConfig,
     attention_heatmap,
     attention_rollout,
     cls_attention,
@@ -99,3 +101,45 @@ def test_only_vits_have_attention_maps(tmp_path) -> None:
         save_attention_heatmap(swin, Image.fromarray(chelsea()), tmp_path / "x.png")
     with pytest.raises(ValueError, match="alpha"):
         save_attention_heatmap(swin, Image.fromarray(chelsea()), tmp_path / "x.png", alpha=2)
+
+
+def _small_vit(**kwargs) -> VisionTransformer:
+    cfg = dict(img_size=64, patch_size=16, embed_dim=32, depth=2, num_heads=2, num_classes=3)
+    return VisionTransformer(ViTConfig(**{**cfg, **kwargs})).eval()
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(dist_token=True),  # DeiT: [CLS], [DIST]
+        dict(reg_tokens=4),  # [CLS] + registers (DINOv2-reg)
+        dict(class_token=False, reg_tokens=4, global_pool="avg"),  # registers only
+        dict(class_token=False, global_pool="map"),  # SigLIP: no prefix at all
+    ],
+)
+def test_heatmap_with_register_and_distillation_tokens(kwargs) -> None:
+    model = _small_vit(**kwargs)
+    x = torch.randn(2, 3, 64, 64)
+    N = model.num_prefix_tokens + 16
+    assert model.get_attention_maps(x)[0].shape == (2, 2, N, N)
+    for method in ("rollout", "cls"):
+        heat = attention_heatmap(model, x, method)
+        assert heat.shape == (2, 4, 4) and heat.amin() == 0 and heat.amax() == 1
+
+
+def test_registers_are_dropped_from_the_heatmap(monkeypatch) -> None:
+    """Registers only: the map comes from the patch queries (not a register's row) and
+    leaves out the register keys, however much attention they draw."""
+    model = _small_vit(class_token=False, reg_tokens=4, global_pool="avg")
+    P, target, decoy = 4, 4 + 9, 4 + 2
+    maps = torch.full((1, 2, P + 16, P + 16), 1e-3)
+    maps[:, :, P:, 1] = 5.0  # the patches' attention sink: register 1
+    maps[:, :, P:, target] = 1.0  # patches look at patch 9 (row 2, col 1)
+    maps[:, :, :P, decoy] = 1.0  # registers look at patch 2
+    maps = maps / maps.sum(-1, keepdim=True)
+    # one layer: rollout's flow through a register into patch 2 would be real information flow
+    monkeypatch.setattr(model, "get_attention_maps", lambda x: [maps])
+    for method in ("cls", "rollout"):
+        heat = attention_heatmap(model, torch.zeros(1, 3, 64, 64), method)
+        assert heat.shape == (1, 4, 4)
+        assert divmod(int(heat.flatten().argmax()), 4) == (2, 1), method

@@ -1,4 +1,8 @@
-"""ViT: parity with timm through real safetensors files, resizing, attention maps, errors."""
+"""ViT: parity with timm through real safetensors files (DeiT, DeiT-3, DINOv2 with and without
+registers, SigLIP's MAP head, ...), prefix tokens, resizing, attention maps, errors.
+
+The whole generated zoo (every preset's tensor names and shapes, one parity case per feature
+combination, coverage) is tests/vision/test_vit_zoo.py."""
 
 from __future__ import annotations
 
@@ -10,9 +14,9 @@ from attn_vision import PatchEmbed, VisionTransformer, ViTConfig, create_model, 
 
 TOL = dict(atol=1e-4, rtol=1e-4)
 
-# Every ViT preset, with depth cut where a full-depth forward would cost seconds on 2 CPU
-# cores. The same overrides go to timm and to us. Full-depth vit_base_patch16_224 is the
-# slow test.
+# Presets at full width, depth (and for fixed-size models img_size) cut where a full forward
+# would cost seconds on 2 CPU cores. The same overrides go to timm and to us. Full-depth
+# vit_base_patch16_224 is the slow test.
 VIT_CASES = {
     "vit_tiny_patch16_224": {},
     "vit_small_patch16_224": {"depth": 4},
@@ -25,11 +29,19 @@ VIT_CASES = {
     "vit_base_patch16_clip_224": {"depth": 2},
     "vit_base_patch32_clip_quickgelu_224": {"depth": 2},
     "vit_base_patch16_gap_224": {"depth": 2},
+    # issue 15: LayerScale + pos-embed without prefix, distillation token, DINOv2 (patch 14,
+    # 518 pos-embed resampled), registers, SigLIP's MAP head, proj bias without qkv bias
+    "deit3_small_patch16_224": {"depth": 2},
+    "deit_small_distilled_patch16_224": {"depth": 2},
+    "vit_small_patch14_dinov2": {"depth": 2, "img_size": 112},
+    "vit_small_patch14_reg4_dinov2": {"depth": 2, "img_size": 112},
+    "vit_base_patch16_siglip_224": {"depth": 2, "img_size": 128},
+    "vit_medium_patch16_gap_256": {"depth": 2, "img_size": 128},
 }
 
 
-def test_every_vit_preset_has_a_parity_case() -> None:
-    assert set(list_models("vit_*")) == set(VIT_CASES)
+def test_parity_cases_are_presets() -> None:
+    assert set(VIT_CASES) <= set(list_models())
 
 
 @pytest.mark.parametrize("name", list(VIT_CASES))
@@ -151,8 +163,16 @@ def test_grad_checkpointing_gives_same_outputs_and_grads(monkeypatch) -> None:
         torch.testing.assert_close(p.grad, grads[n], msg=n)
 
 
-def test_every_parameter_gets_a_finite_gradient() -> None:
-    model = _tiny(global_pool="avg", init_values=1e-2)
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(global_pool="avg", init_values=1e-2),
+        dict(dist_token=True, reg_tokens=2),
+        dict(class_token=False, global_pool="map", reg_tokens=1, qkv_bias=False),
+    ],
+)
+def test_every_parameter_gets_a_finite_gradient(kwargs) -> None:
+    model = _tiny(**kwargs)
     model(torch.randn(2, 3, 32, 32)).sum().backward()
     for name, p in model.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), name
@@ -196,6 +216,9 @@ def test_bfloat16_weights_and_autocast_stay_close_to_fp32() -> None:
         {},  # [CLS] pooling: the fast path computes only that row in the last block
         {"global_pool": "avg", "init_values": 0.1, "act": "quick_gelu"},
         {"pre_norm": True, "act": "gelu_tanh"},
+        {"dist_token": True, "no_embed_class": True, "init_values": 0.1},
+        {"reg_tokens": 4, "class_token": False, "global_pool": "map", "act": "gelu_tanh"},
+        {"reg_tokens": 2, "qkv_bias": False, "global_pool": "avg", "fc_norm": False},
     ],
 )
 def test_fast_inference_equals_the_plain_modules(kwargs) -> None:
@@ -215,3 +238,87 @@ def test_fast_inference_equals_the_plain_modules(kwargs) -> None:
         torch.testing.assert_close(
             fast[2], model.forward_head(model.forward_features(x), pre_logits=True)
         )
+
+
+# -- prefix tokens, the MAP head, separate projection bias ------------------------------------
+
+
+def test_prefix_tokens_come_in_timms_order() -> None:
+    """[CLS], [DIST], registers, then the patches; the position embedding covers them
+    unless no_embed_class."""
+    model = _tiny(dist_token=True, reg_tokens=3).eval()
+    assert model.num_prefix_tokens == model.config.num_prefix_tokens == 5
+    assert model.pos_embed.shape == (1, 5 + 16, 32)
+    assert model.reg_token.shape == (1, 3, 32) and model.dist_token.shape == (1, 1, 32)
+    with torch.no_grad():
+        tokens = model._embed(torch.zeros(2, 3, 32, 32))
+    pos = model.pos_embed[0, :5]
+    prefix = torch.cat([model.cls_token[0], model.dist_token[0], model.reg_token[0]])
+    torch.testing.assert_close(tokens[0, :5], prefix + pos)
+    assert model.forward_features(torch.zeros(2, 3, 32, 32)).shape == (2, 21, 32)
+    assert _tiny(reg_tokens=4, no_embed_class=True).pos_embed.shape == (1, 16, 32)
+
+
+def test_distilled_logits_are_the_mean_of_both_heads() -> None:
+    model = _tiny(dist_token=True).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        feats = model.forward_features(x)
+        expected = (model.head(feats[:, 0]) + model.head_dist(feats[:, 1])) / 2
+        torch.testing.assert_close(model(x), expected)
+        pre = model.forward_pre_logits(x)
+        torch.testing.assert_close(pre, (feats[:, 0] + feats[:, 1]) / 2)
+    model.reset_classifier(3)
+    assert model.head.out_features == model.head_dist.out_features == 3
+    model.reset_classifier(0)
+    assert isinstance(model.head_dist, torch.nn.Identity)
+
+
+def test_map_head_pools_with_attn_cores_attention(monkeypatch) -> None:
+    import attn_vision.attention_pool as pool_module
+
+    model = _tiny(class_token=False, global_pool="map", reg_tokens=2).eval()
+    names = {n for n, _ in model.named_parameters() if n.startswith("attn_pool.")}
+    assert names == {
+        f"attn_pool.{n}"
+        for n in ("latent", "q.weight", "q.bias", "kv.weight", "kv.bias", "proj.weight")
+        + ("proj.bias", "norm.weight", "norm.bias", "mlp.fc1.weight", "mlp.fc1.bias")
+        + ("mlp.fc2.weight", "mlp.fc2.bias")
+    }
+    calls = []
+    real = pool_module.attention
+    monkeypatch.setattr(pool_module, "attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        out = model(x)
+        feats = model.forward_features(x)
+        # the registers are left out of the pool, as timm does
+        torch.testing.assert_close(out, model.head(model.attn_pool(feats[:, 2:])))
+    assert out.shape == (2, 5) and len(calls) == 2
+    model.reset_classifier(4, global_pool="avg")  # dropping the MAP head is allowed ...
+    assert model.attn_pool is None and model(x).shape == (2, 4)
+    with pytest.raises(ValueError, match="cannot add a MAP head"):  # ... adding one is not
+        model.reset_classifier(4, global_pool="map")
+
+
+def test_proj_bias_is_separate_from_qkv_bias() -> None:
+    attn = _tiny(qkv_bias=False).blocks[0].attn  # timm's vit_medium_*: proj bias, no qkv bias
+    assert attn.qkv.bias is None and attn.proj.bias is not None
+    attn = _tiny(qkv_bias=False, proj_bias=False).blocks[0].attn
+    assert attn.qkv.bias is None and attn.proj.bias is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(global_pool="max"), r"global_pool must be one of \('token', 'avg', 'map', ''\)"),
+        (dict(class_token=False), "global_pool='token' needs class_token=True"),
+        (dict(dist_token=True, global_pool="avg"), "dist_token=True .* needs global_pool='token'"),
+        (dict(dist_token=True, fc_norm=True), "expected fc_norm None/False"),
+        (dict(reg_tokens=-1), "reg_tokens must be an int >= 0"),
+        (dict(embed_dim=30), r"embed_dim \(30\) must be divisible by num_heads \(4\)"),
+    ],
+)
+def test_bad_configs_name_what_is_expected(kwargs, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        _tiny(**kwargs)

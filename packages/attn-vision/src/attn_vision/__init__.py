@@ -1,5 +1,9 @@
 """attn_vision: ViT, Swin, ResNet and channel/spatial attention on attn_core, loading timm weights.
 
+The ViT presets are timm's whole ``VisionTransformer`` family that our config expresses
+(ViT, DeiT, DeiT-3, DINOv2 (+ registers), SigLIP, CLIP-trained ViTs, ...): see
+``python -m attn_vision.registry --coverage``.
+
 Quick start::
 
     import attn_vision
@@ -20,6 +24,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
+    "attention_pool": ["AttentionPoolLatent"],
     "channel_attention": [
         "CBAM",
         "ChannelAttention",
@@ -69,6 +74,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
+    from .attention_pool import AttentionPoolLatent
     from .channel_attention import (
         CBAM,
         ChannelAttention,

@@ -12,7 +12,9 @@ size). Values (finite, dtypes) are checked when the result is loaded
 Fixes applied, as timm applies them when it loads its own checkpoints:
 
 * ViT: a position embedding laid out for another grid is resampled (bicubic,
-  antialiased) to the model's ``img_size``; the unused ``pre_logits`` layer is dropped.
+  antialiased) to the model's ``img_size``; the unused ``pre_logits`` layer is dropped, and
+  so is a MAP head (``attn_pool.*``) when the model pools otherwise (timm loads SigLIP
+  towers built with another ``global_pool`` that way).
 * Swin: non-persistent buffers (``relative_position_index``, ``attn_mask``) are
   dropped; the original Microsoft layout (patch merging at the *end* of a stage) is
   re-indexed to timm's (at the *start*); ``head.fc`` becomes ``head``.
@@ -104,6 +106,8 @@ def convert_timm_vit(state_dict: Mapping[str, torch.Tensor], config: ViTConfig) 
     for k, v in _unwrap(state_dict).items():
         if k.startswith("pre_logits."):
             continue  # representation layer of old in21k checkpoints; unused (timm drops it too)
+        if k.startswith("attn_pool.") and config.global_pool != "map":
+            continue  # a SigLIP tower's MAP head, unused by this model's pooling (as in timm)
         if k == "pos_embed" and k in expected and v.shape != expected[k] and v.is_floating_point():
             v = resample_abs_pos_embed(
                 v,

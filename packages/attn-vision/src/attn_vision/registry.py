@@ -7,11 +7,16 @@ As in timm, the tag's pretrained config supplies defaults for ``num_classes``,
 ``in_chans`` and (for fixed-size models) ``img_size``; keyword overrides win.
 Presets that timm does not have (``resnet18_eca``, ...) have no pretrained weights.
 
-timm's pretrained configs for these presets are a generated table shipped with the package
-(``timm_pretrained_cfgs.json``): only its generator imports timm. Regenerate it after
-adding a preset or upgrading timm::
+The ViT presets are every architecture of timm's ``VisionTransformer`` family that
+:class:`ViTConfig` can express (DeiT, DeiT-3, DINOv2 with and without registers, SigLIP,
+CLIP-trained ViTs, ...). They, and timm's pretrained configs of all presets, come from a
+generated table shipped with the package (``timm_pretrained_cfgs.json``, written from
+timm's own entrypoints by :mod:`attn_vision.timm_table`, the only module that imports
+timm). Regenerate it after adding a non-ViT preset or upgrading timm, and see what of
+timm's ViTs we build::
 
     python -m attn_vision.registry --write-table
+    python -m attn_vision.registry --coverage
 
 A folder written by :func:`save_pretrained` holds ``config.json`` and
 ``model.safetensors`` (attn_vision's state dict); ``config.json`` is::
@@ -42,10 +47,10 @@ from torch import nn
 from .constants import DEFAULT_CROP_PCT, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from .convert import convert_timm_resnet, convert_timm_swin, convert_timm_vit
 from .pretrained import (
-    TABLE_FIELDS,
     TABLE_PATH,
     get_pretrained_cfg,
     pretrained_tags,
+    read_table,
     resolve_pretrained,
 )
 from .resnet import ResNet, ResNetConfig
@@ -91,6 +96,11 @@ class ModelSpec:
 _MODELS: dict[str, ModelSpec] = {}
 
 
+def _tuples(d: dict[str, Any]) -> dict[str, Any]:
+    """JSON lists back to the tuples the configs and pretrained cfgs hold."""
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+
+
 def register_model(name: str, family: str, timm_weights: bool = True, **args: Any) -> None:
     """Register preset ``name`` of ``family`` ("vit", "swin", "resnet") with config ``args``."""
     if family not in FAMILIES:
@@ -99,37 +109,10 @@ def register_model(name: str, family: str, timm_weights: bool = True, **args: An
 
 
 # --- presets ---------------------------------------------------------------------------
-_clip = dict(pre_norm=True, norm_eps=1e-5)
-for _name, _args in {
-    "vit_tiny_patch16_224": dict(patch_size=16, embed_dim=192, depth=12, num_heads=3),
-    "vit_small_patch16_224": dict(patch_size=16, embed_dim=384, depth=12, num_heads=6),
-    "vit_small_patch32_224": dict(patch_size=32, embed_dim=384, depth=12, num_heads=6),
-    "vit_base_patch16_224": dict(patch_size=16, embed_dim=768, depth=12, num_heads=12),
-    "vit_base_patch32_224": dict(patch_size=32, embed_dim=768, depth=12, num_heads=12),
-    "vit_base_patch16_384": dict(
-        img_size=384, patch_size=16, embed_dim=768, depth=12, num_heads=12
-    ),
-    "vit_large_patch16_224": dict(patch_size=16, embed_dim=1024, depth=24, num_heads=16),
-    "vit_base_patch16_gap_224": dict(
-        patch_size=16,
-        embed_dim=768,
-        depth=12,
-        num_heads=16,
-        class_token=False,
-        global_pool="avg",
-        fc_norm=False,
-    ),
-    "vit_base_patch16_clip_224": dict(
-        patch_size=16, embed_dim=768, depth=12, num_heads=12, **_clip
-    ),
-    "vit_base_patch32_clip_224": dict(
-        patch_size=32, embed_dim=768, depth=12, num_heads=12, **_clip
-    ),
-    "vit_base_patch32_clip_quickgelu_224": dict(
-        patch_size=32, embed_dim=768, depth=12, num_heads=12, act="quick_gelu", **_clip
-    ),
-}.items():
-    register_model(_name, "vit", **_args)
+# ViT: one per generated table entry with "model_args" (timm's architecture, our field names)
+for _name, _entry in read_table()["architectures"].items():
+    if "model_args" in _entry:
+        register_model(_name, "vit", **_tuples(_entry["model_args"]))
 
 _swin_t = dict(embed_dim=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24))
 _swin_s = dict(embed_dim=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24))
@@ -348,11 +331,6 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike) -> Path:
     return directory
 
 
-def _tuples(d: dict[str, Any]) -> dict[str, Any]:
-    """JSON lists back to the tuples the configs and pretrained cfgs hold."""
-    return {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
-
-
 def read_config(path: str | os.PathLike) -> dict[str, Any]:
     """A save_pretrained ``config.json``, checked strictly (a ``CheckpointError`` names any
     unknown or missing key, an unknown family or config field)."""
@@ -406,70 +384,33 @@ def _load_folder(
     return model
 
 
-# --- the generated table of timm's pretrained cfgs -------------------------------------
-def timm_pretrained_table() -> dict[str, Any]:
-    """The table of timm's pretrained cfgs for our presets, from the installed timm.
-
-    ``{"timm_version": ..., "architectures": {arch: {"default_tag": tag,
-    "tags": {tag: {field: value}}}}}`` with the :data:`TABLE_FIELDS` timm sets (not None).
-    Imports timm: only the generator and its test call it.
-    """
-    import timm
-    from timm.models import get_arch_pretrained_cfgs
-    from timm.models import get_pretrained_cfg as timm_pretrained_cfg
-
-    archs: dict[str, Any] = {}
-    for arch in sorted(n for n, spec in _MODELS.items() if spec.timm_weights):
-        cfgs = get_arch_pretrained_cfgs(arch)
-        if not cfgs:
-            raise RuntimeError(
-                f"timm {timm.__version__} has no pretrained cfgs for {arch!r}; "
-                "register it with timm_weights=False"
-            )
-        tags = {}
-        for cfg in cfgs.values():
-            values = {f: getattr(cfg, f) for f in TABLE_FIELDS}
-            tags[cfg.tag] = {f: v for f, v in values.items() if v is not None}
-        archs[arch] = {"default_tag": timm_pretrained_cfg(arch).tag, "tags": tags}
-    table = {"timm_version": timm.__version__, "architectures": archs}
-    return json.loads(json.dumps(table))  # JSON types: tuples -> lists
-
-
-def format_table(table: dict[str, Any]) -> str:
-    """The table as JSON text with one line per tag (small, diff-friendly)."""
-    lines = ["{", f'  "timm_version": {json.dumps(table["timm_version"])},', '  "architectures": {']
-    archs = list(table["architectures"].items())
-    for i, (arch, entry) in enumerate(archs):
-        lines += [
-            f"    {json.dumps(arch)}: {{",
-            f'      "default_tag": {json.dumps(entry["default_tag"])},',
-        ]
-        lines.append('      "tags": {')
-        tags = list(entry["tags"].items())
-        for j, (tag, cfg) in enumerate(tags):
-            comma = "," if j < len(tags) - 1 else ""
-            lines.append(f"        {json.dumps(tag)}: {json.dumps(cfg)}{comma}")
-        lines += ["      }", "    }" + ("," if i < len(archs) - 1 else "")]
-    lines += ["  }", "}"]
-    return "\n".join(lines) + "\n"
-
-
+# --- the generated table, coverage ------------------------------------------------------
 def main(argv: list[str] | None = None) -> None:
-    """``python -m attn_vision.registry --write-table``: regenerate the timm cfg table."""
+    """``python -m attn_vision.registry --write-table | --coverage`` (both import timm)."""
+    from . import timm_table
+
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument(
         "--write-table",
         action="store_true",
-        help=f"write {TABLE_PATH.name} from the installed timm",
+        help=f"write {TABLE_PATH.name} (ViT presets + pretrained cfgs) from the installed timm",
+    )
+    parser.add_argument(
+        "--coverage",
+        action="store_true",
+        help="print how many of timm's ViT architectures and pretrained tags we build",
     )
     args = parser.parse_args(argv)
-    if not args.write_table:
-        parser.error("nothing to do (pass --write-table)")
-    table = timm_pretrained_table()
-    with hub.atomic_write(TABLE_PATH, "w") as f:
-        f.write(format_table(table))
-    n = sum(len(e["tags"]) for e in table["architectures"].values())
-    print(f"wrote {TABLE_PATH} ({len(table['architectures'])} architectures, {n} tags)")
+    if not (args.write_table or args.coverage):
+        parser.error("nothing to do (pass --write-table or --coverage)")
+    if args.write_table:
+        table = timm_table.timm_pretrained_table()
+        with hub.atomic_write(TABLE_PATH, "w") as f:
+            f.write(timm_table.format_table(table))
+        n = sum(len(e["tags"]) for e in table["architectures"].values())
+        print(f"wrote {TABLE_PATH} ({len(table['architectures'])} architectures, {n} tags)")
+    if args.coverage:
+        print(timm_table.coverage_report(set(list_models()), set(list_models(pretrained=True))))
 
 
 if __name__ == "__main__":

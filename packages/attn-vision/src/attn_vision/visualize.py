@@ -1,7 +1,7 @@
 """Where does a ViT look? Attention maps as a heatmap over the input image.
 
-Shape legend: ``B`` batch, ``Hd`` heads, ``N = P + L`` tokens (``P`` prefix / [CLS]
-tokens, ``L = gh * gw`` patches), ``H`` / ``W`` image size in pixels.
+Shape legend: ``B`` batch, ``Hd`` heads, ``N = P + L`` tokens (``P`` prefix tokens:
+[CLS], DeiT's [DIST], registers; ``L = gh * gw`` patches), ``H`` / ``W`` image size in pixels.
 
 Two standard read-outs of :meth:`VisionTransformer.get_attention_maps`:
 
@@ -81,21 +81,27 @@ def attention_heatmap(
     """``(B, C, H, W)`` model input -> ``(B, gh, gw)`` patch relevance scaled to ``[0, 1]``.
 
     ``method``: ``"rollout"`` or ``"cls"`` (last-layer [CLS] attention). Models without
-    a class token use the mean over all queries instead of the [CLS] row.
+    a class token (GAP, MAP / SigLIP, register-only) use the mean over the patch queries
+    instead of the [CLS] row. The ``P`` prefix tokens' columns ([CLS], [DIST], registers)
+    are dropped: the map covers the patches only.
     """
     if not hasattr(model, "get_attention_maps"):
         raise TypeError(f"{type(model).__name__} has no get_attention_maps(); use a ViT")
     maps = model.get_attention_maps(x)
     P = model.num_prefix_tokens
+    has_cls = getattr(model, "cls_token", None) is not None  # token 0 is [CLS]
     gh, gw = (
         x.shape[-2] // model.patch_embed.patch_size[0],
         x.shape[-1] // model.patch_embed.patch_size[1],
     )
     if method == "rollout":
         flow = attention_rollout(maps, **kwargs)  # (B, N, N)
-        rel = flow[:, 0] if P else flow.mean(dim=1)  # (B, N)
+        rel = flow[:, 0] if has_cls else flow[:, P:].mean(dim=1)  # (B, N)
     elif method == "cls":
-        rel = cls_attention(maps, **kwargs) if P else maps[-1].float().mean(dim=(1, 2))
+        if has_cls:
+            rel = cls_attention(maps, **kwargs)  # (B, N)
+        else:
+            rel = maps[kwargs.get("layer", -1)][:, :, P:].float().mean(dim=(1, 2))  # (B, N)
     else:
         raise ValueError(f"method must be 'rollout' or 'cls', got {method!r}")
     rel = rel[:, P:].reshape(-1, gh, gw)  # patches only, on the grid

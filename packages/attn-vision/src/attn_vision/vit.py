@@ -1,17 +1,26 @@
 """Vision Transformer (Dosovitskiy et al. 2020), built from attn_core blocks.
 
 Shape legend: ``B`` batch, ``C`` channels, ``H`` / ``W`` image size, ``p`` patch size,
-``gh, gw`` patch grid, ``L = gh * gw`` patches, ``P`` prefix tokens (1 with a class
-token, else 0), ``N = P + L`` tokens, ``D`` embed dim, ``Hd`` heads, ``K`` classes.
+``gh, gw`` patch grid, ``L = gh * gw`` patches, ``P`` prefix tokens (class, distillation
+and register tokens, in that order), ``N = P + L`` tokens, ``D`` embed dim, ``Hd`` heads,
+``K`` classes.
+
+The timm variants are config fields: register tokens (``reg_tokens``, DINOv2-reg), the
+DeiT distillation token and head (``dist_token``: logits = mean of ``head`` on the class
+token and ``head_dist`` on the distillation token), LayerScale (``init_values``), a
+position embedding over the patches only (``no_embed_class``), the MAP head
+(``global_pool="map"``, :class:`~attn_vision.attention_pool.AttentionPoolLatent`, SigLIP)
+and an attention output bias separate from the qkv bias (``proj_bias``).
 
 Inference fast path: ``model.set_fast_inference(True)`` (the default) runs the blocks and
 the patch embedding through :mod:`attn_core.fast_inference` whenever it applies (eval mode,
 no autograd, CPU fp32 / bf16); the results equal the plain modules' to float rounding.
 
-Parameter names are timm's (``cls_token``, ``pos_embed``, ``patch_embed.proj``,
-``norm_pre``, ``blocks.{i}.norm1`` / ``attn.qkv`` / ``attn.proj`` / ``norm2`` /
-``mlp.fc1`` / ``mlp.fc2``, ``norm``, ``fc_norm``, ``head``), so timm checkpoints load
-with a near-identity converter (:func:`attn_vision.convert.convert_timm_vit`).
+Parameter names are timm's (``cls_token``, ``dist_token``, ``reg_token``, ``pos_embed``,
+``patch_embed.proj``, ``norm_pre``, ``blocks.{i}.norm1`` / ``attn.qkv`` / ``attn.proj`` /
+``ls1.gamma`` / ``norm2`` / ``mlp.fc1`` / ``mlp.fc2`` / ``ls2.gamma``, ``norm``,
+``attn_pool``, ``fc_norm``, ``head``, ``head_dist``), so timm checkpoints load with a
+near-identity converter (:func:`attn_vision.convert.convert_timm_vit`).
 """
 
 from __future__ import annotations
@@ -30,9 +39,24 @@ from attn_core.fast_inference import (
 )
 from torch import nn
 
+from .attention_pool import AttentionPoolLatent
 from .patch_embed import PatchEmbed, resample_abs_pos_embed, to_2tuple
 
-__all__ = ["ViTConfig", "VisionTransformer"]
+__all__ = ["AttentionPoolLatent", "ViTConfig", "VisionTransformer"]
+
+GLOBAL_POOLS = ("token", "avg", "map", "")
+
+
+def _check_pool(global_pool: str, class_token: bool, dist_token: bool) -> None:
+    if global_pool not in GLOBAL_POOLS:
+        raise ValueError(f"global_pool must be one of {GLOBAL_POOLS}, got {global_pool!r}")
+    if global_pool == "token" and not class_token:
+        raise ValueError("global_pool='token' needs class_token=True")
+    if dist_token and global_pool != "token":
+        raise ValueError(
+            f"dist_token=True reads the class and distillation tokens: it needs "
+            f"global_pool='token', got {global_pool!r}"
+        )
 
 
 @dataclass
@@ -43,20 +67,24 @@ class ViTConfig:
     patch_size: int = 16  # side of the square patches
     in_chans: int = 3  # input image channels
     num_classes: int = 1000  # classifier outputs; 0 = no head (forward returns pooled features)
-    global_pool: str = "token"  # "token" (class token), "avg" (mean of patch tokens) or ""
+    # "token" (class token), "avg" (mean of patch tokens), "map" (attention pool) or ""
+    global_pool: str = "token"
     embed_dim: int = 768  # token width D
     depth: int = 12  # transformer blocks
     num_heads: int = 12  # attention heads per block
     mlp_ratio: float = 4.0  # MLP hidden width = mlp_ratio * D
-    qkv_bias: bool = True  # biases in the attention projections
+    qkv_bias: bool = True  # bias in the fused qkv projection
+    proj_bias: bool = True  # bias in the attention output projection (timm: separate)
     class_token: bool = True  # prepend a learned [CLS] token
+    dist_token: bool = False  # DeiT distillation token + head_dist (logits: mean of heads)
+    reg_tokens: int = 0  # learned register tokens after the class token (DINOv2-reg)
     no_embed_class: bool = False  # position embedding covers only the patches (DeiT-3 style)
     pre_norm: bool = False  # LayerNorm before the blocks (CLIP's ln_pre; timm's norm_pre)
     patch_bias: bool | None = None  # bias in the patch projection; None = not pre_norm (timm)
     final_norm: bool = True  # LayerNorm after the blocks
     fc_norm: bool | None = None  # norm after pooling instead of before; None = (pool == "avg")
     norm_eps: float = 1e-6  # LayerNorm epsilon (1e-6 for timm ViTs, 1e-5 for CLIP towers)
-    act: str = "gelu"  # MLP activation: "gelu", "quick_gelu" (OpenAI CLIP), ...
+    act: str = "gelu"  # MLP activation: "gelu", "gelu_tanh" (SigLIP), "quick_gelu" (CLIP)
     init_values: float | None = None  # LayerScale init; None = no layer scale
     dynamic_img_size: bool = True  # accept any size divisible by the patch (pos-embed resampled)
     drop_rate: float = 0.0  # dropout before the classifier
@@ -66,10 +94,13 @@ class ViTConfig:
     drop_path_rate: float = 0.0  # stochastic depth, linearly increasing to this value
 
     def __post_init__(self) -> None:
-        if self.global_pool not in ("token", "avg", ""):
-            raise ValueError(f"global_pool must be 'token', 'avg' or '', got {self.global_pool!r}")
-        if self.global_pool == "token" and not self.class_token:
-            raise ValueError("global_pool='token' needs class_token=True")
+        _check_pool(self.global_pool, self.class_token, self.dist_token)
+        if self.dist_token and not self.class_token:
+            raise ValueError("dist_token=True needs class_token=True (DeiT: [CLS], [DIST])")
+        if self.dist_token and self.fc_norm:
+            raise ValueError("dist_token=True pools without fc_norm: expected fc_norm None/False")
+        if not isinstance(self.reg_tokens, int) or self.reg_tokens < 0:
+            raise ValueError(f"reg_tokens must be an int >= 0, got {self.reg_tokens!r}")
         if self.embed_dim % self.num_heads:
             raise ValueError(
                 f"embed_dim ({self.embed_dim}) must be divisible by num_heads ({self.num_heads})"
@@ -77,7 +108,8 @@ class ViTConfig:
 
     @property
     def num_prefix_tokens(self) -> int:
-        return 1 if self.class_token else 0
+        """Tokens before the patches: class + distillation + register tokens."""
+        return int(self.class_token) + int(self.dist_token) + self.reg_tokens
 
     @property
     def grid_size(self) -> tuple[int, int]:
@@ -87,7 +119,8 @@ class ViTConfig:
 
 
 class VisionTransformer(nn.Module):
-    """ViT: patch embedding, [CLS] + position embedding, pre-norm blocks, pool, head.
+    """ViT: patch embedding, prefix tokens ([CLS], [DIST], registers) + position embedding,
+    pre-norm blocks, pool ([CLS], average or MAP head), head (+ ``head_dist``).
 
     Build from a config (or its fields as keyword arguments). ``weight_init=False`` skips
     the random init, for weights that are loaded right after.
@@ -119,6 +152,8 @@ class VisionTransformer(nn.Module):
         )
         num_patches = self.patch_embed.num_patches
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if c.class_token else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, D)) if c.dist_token else None
+        self.reg_token = nn.Parameter(torch.zeros(1, c.reg_tokens, D)) if c.reg_tokens else None
         embed_len = num_patches if c.no_embed_class else num_patches + self.num_prefix_tokens
         self.pos_embed = nn.Parameter(torch.zeros(1, embed_len, D))
         self.pos_drop = nn.Dropout(c.pos_drop_rate)
@@ -142,19 +177,36 @@ class VisionTransformer(nn.Module):
                 for i in range(c.depth)
             ]
         )
+        if c.proj_bias != c.qkv_bias:  # TransformerBlock's one `bias` covers both (timm: two)
+            for blk in self.blocks:
+                blk.attn.proj = nn.Linear(D, D, bias=c.proj_bias)
         self.norm = norm_layer(D) if c.final_norm and not use_fc_norm else nn.Identity()
+        self.attn_pool = (
+            AttentionPoolLatent(D, c.num_heads, c.mlp_ratio, norm_layer=norm_layer, act=c.act)
+            if c.global_pool == "map"
+            else None
+        )
         self.fc_norm = norm_layer(D) if c.final_norm and use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(c.drop_rate)
         self.head = nn.Linear(D, c.num_classes) if c.num_classes > 0 else nn.Identity()
+        self.head_dist = None
+        if c.dist_token:  # DeiT: a second classifier, on the distillation token
+            self.head_dist = nn.Linear(D, c.num_classes) if c.num_classes > 0 else nn.Identity()
         if weight_init:  # skipped when weights are about to be loaded anyway
             self.init_weights()
 
     @torch.no_grad()
     def init_weights(self) -> None:
-        """timm's default init: truncated normal (std 0.02) Linear / pos-embed, tiny [CLS]."""
+        """timm's default init: truncated normal (std 0.02) Linear / pos-embed / [DIST],
+        tiny [CLS] and registers, the MAP latent with std ``D ** -0.5``."""
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
-        if self.cls_token is not None:
-            nn.init.normal_(self.cls_token, std=1e-6)
+        for token in (self.cls_token, self.reg_token):
+            if token is not None:
+                nn.init.normal_(token, std=1e-6)
+        if self.dist_token is not None:
+            nn.init.trunc_normal_(self.dist_token, std=0.02)
+        if self.attn_pool is not None:
+            nn.init.trunc_normal_(self.attn_pool.latent, std=self.num_features**-0.5)
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.trunc_normal_(m.weight, std=0.02)
@@ -178,23 +230,29 @@ class VisionTransformer(nn.Module):
         return self.head
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """Replace the head with a fresh ``num_classes``-way Linear (0 = no head)."""
+        """Replace the head (and ``head_dist``) with fresh ``num_classes``-way Linears
+        (0 = no head). A new ``global_pool`` may drop the MAP head, not add one."""
         if global_pool is not None:
-            if global_pool not in ("token", "avg", ""):
-                raise ValueError(f"global_pool must be 'token', 'avg' or '', got {global_pool!r}")
-            if global_pool == "token" and self.cls_token is None:
-                raise ValueError("global_pool='token' needs a class token")
+            _check_pool(global_pool, self.cls_token is not None, self.dist_token is not None)
+            if global_pool == "map" and self.attn_pool is None:
+                raise ValueError("reset_classifier cannot add a MAP head: build with 'map'")
+            if global_pool != "map":
+                self.attn_pool = None
             self.config.global_pool = global_pool
         self.num_classes = self.config.num_classes = num_classes
         ref = self.pos_embed
-        self.head = (
-            nn.Linear(self.num_features, num_classes).to(ref.device, ref.dtype)
-            if num_classes > 0
-            else nn.Identity()
-        )
+
+        def head() -> nn.Module:
+            if num_classes <= 0:
+                return nn.Identity()
+            return nn.Linear(self.num_features, num_classes).to(ref.device, ref.dtype)
+
+        self.head = head()
+        if self.head_dist is not None:
+            self.head_dist = head()
 
     def _pos_embed(self, x: torch.Tensor) -> torch.Tensor:
-        """``(B, gh, gw, D)`` patch tokens -> ``(B, N, D)`` with [CLS] and positions added."""
+        """``(B, gh, gw, D)`` patch tokens -> ``(B, N, D)``: prefix tokens + positions."""
         B, gh, gw, D = x.shape
         pos_embed = resample_abs_pos_embed(  # a no-op at the trained grid size
             self.pos_embed,
@@ -203,11 +261,12 @@ class VisionTransformer(nn.Module):
             num_prefix_tokens=0 if self.config.no_embed_class else self.num_prefix_tokens,
         )
         x = x.reshape(B, gh * gw, D)  # (B, L, D)
-        cls = [self.cls_token.expand(B, -1, -1)] if self.cls_token is not None else []
+        tokens = (self.cls_token, self.dist_token, self.reg_token)
+        prefix = [t.expand(B, -1, -1) for t in tokens if t is not None]  # P x (B, ., D)
         if self.config.no_embed_class:
-            x = torch.cat(cls + [x + pos_embed], dim=1)
+            x = torch.cat(prefix + [x + pos_embed], dim=1)
         else:
-            x = torch.cat(cls + [x], dim=1) + pos_embed
+            x = torch.cat(prefix + [x], dim=1) + pos_embed
         return self.pos_drop(x)  # (B, N, D)
 
     def _fast(self, x: torch.Tensor) -> bool:
@@ -241,31 +300,50 @@ class VisionTransformer(nn.Module):
         """``(B, C, H, W)`` -> ``(B, N, D)`` final (normed) tokens."""
         return self.norm(self._blocks(self._embed(x)))
 
+    @property
+    def _cls_only(self) -> bool:
+        """Whether pooling reads nothing but the [CLS] row of the last block."""
+        return self.config.global_pool == "token" and self.dist_token is None
+
     def forward_pre_logits(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, C, H, W)`` -> ``(B, D)`` pooled features before the head; equals
         ``forward_head(forward_features(x), pre_logits=True)``, but with [CLS] pooling
         passes on only the [CLS] row of the last block."""
         x = self._embed(x)
-        if self.config.global_pool == "token":
+        if self._cls_only:
             cls = self.norm(self._blocks(x, cls_only=True))  # (B, 1, D)
             return self.head_drop(self.fc_norm(cls[:, 0]))
         return self.forward_head(self.norm(self._blocks(x)), pre_logits=True)
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:
-        """``(B, N, D)`` -> ``(B, D)`` ([CLS] token or mean of patch tokens); ``""`` = no pool."""
-        if self.config.global_pool == "token":
+        """``(B, N, D)`` -> ``(B, D)``: the [CLS] token, the mean of the patch tokens or
+        the MAP head over them (prefix tokens left out); ``""`` = no pool."""
+        pool = self.config.global_pool
+        if pool == "token":
             return x[:, 0]
-        if self.config.global_pool == "avg":
+        if pool == "avg":
             return x[:, self.num_prefix_tokens :].mean(dim=1)
+        if pool == "map":
+            return self.attn_pool(x[:, self.num_prefix_tokens :])
         return x
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """``(B, N, D)`` tokens -> ``(B, K)`` logits (or ``(B, D)`` with ``pre_logits``)."""
+        """``(B, N, D)`` tokens -> ``(B, K)`` logits (or ``(B, D)`` with ``pre_logits``).
+
+        With a distillation token: the mean of ``head([CLS])`` and ``head_dist([DIST])``
+        (timm's inference output; ``pre_logits``: the mean of the two tokens)."""
+        if self.head_dist is not None:
+            x, x_dist = self.head_drop(x[:, 0]), self.head_drop(x[:, 1])
+            if pre_logits:
+                return (x + x_dist) / 2
+            return (self.head(x) + self.head_dist(x_dist)) / 2
         x = self.head_drop(self.fc_norm(self.pool(x)))
         return x if pre_logits else self.head(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, C, H, W)`` -> ``(B, K)`` logits."""
+        if self.head_dist is not None:
+            return self.forward_head(self.forward_features(x))
         return self.head(self.forward_pre_logits(x))
 
     @torch.no_grad()
@@ -273,9 +351,10 @@ class VisionTransformer(nn.Module):
         """Per-layer attention weights for visualisation: ``depth`` tensors ``(B, Hd, N, N)``.
 
         Row ``i`` of layer ``l`` is the softmax distribution of query token ``i`` over all
-        keys (token 0 is [CLS] when there is one; the rest are patches in row-major
-        order on the ``gh x gw`` grid). Computed with attn_core's ``math`` backend, the
-        one that returns weights.
+        keys. The first ``num_prefix_tokens`` tokens are [CLS], [DIST] and the registers
+        (those the model has, in that order); the rest are patches in row-major order on
+        the ``gh x gw`` grid. Computed with attn_core's ``math`` backend, the one that
+        returns weights.
         """
         maps = []
         x = self._embed(x)

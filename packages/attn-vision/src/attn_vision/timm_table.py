@@ -1,0 +1,223 @@
+"""The generator of ``timm_pretrained_cfgs.json`` and the coverage report: the only timm users.
+
+The table holds, for every architecture we build that timm has, timm's pretrained cfgs
+(``default_tag``, ``tags``); for the ViT family also the architecture itself
+(``model_args``: :class:`~attn_vision.vit.ViTConfig` fields), which is where the ViT presets
+come from (:mod:`attn_vision.registry` registers one per entry). The ViT entries are read
+off timm's own model entrypoints (modules ``vision_transformer`` and ``deit``): each is
+called with timm's builder replaced by a recorder of its keyword arguments, which
+:func:`vit_args` translates -- or names what our config cannot express yet.
+
+Regenerate after upgrading timm or adding a Swin / ResNet preset::
+
+    python -m attn_vision.registry --write-table   # rewrite the table
+    python -m attn_vision.registry --coverage      # what of timm's ViTs we build
+
+Everything here imports timm lazily; building a model never calls it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+from unittest import mock
+
+from torch import nn
+
+from .pretrained import TABLE_FIELDS
+from .vit import GLOBAL_POOLS
+
+__all__ = ["coverage_report", "format_table", "timm_pretrained_table", "timm_vit_args", "vit_args"]
+
+# timm modules whose architectures are timm's plain ``VisionTransformer`` (+ DeiT's
+# distilled subclass): the ones ViTConfig is meant to express
+VIT_MODULES = ("vision_transformer", "deit")
+# timm keyword arguments that are ViTConfig fields of the same name and meaning
+SAME_ARGS = {
+    "img_size",
+    "patch_size",
+    "embed_dim",
+    "depth",
+    "num_heads",
+    "mlp_ratio",
+    "qkv_bias",
+    "proj_bias",
+    "class_token",
+    "no_embed_class",
+    "reg_tokens",
+    "pre_norm",
+    "final_norm",
+    "fc_norm",
+    "init_values",
+    "dynamic_img_size",
+}
+ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu")  # timm act_layer names we have
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, functools.partial):
+        kw = ", ".join(f"{k}={v!r}" for k, v in value.keywords.items())
+        return f"{_describe(value.func)}({kw})"
+    return getattr(value, "__name__", None) or repr(value)
+
+
+def _layer_norm_eps(norm_layer: Any) -> float | None:
+    """The eps of ``partial(LayerNorm, eps=...)`` (timm's or torch's), else None."""
+    from timm.layers import LayerNorm
+
+    if isinstance(norm_layer, functools.partial) and set(norm_layer.keywords) == {"eps"}:
+        if norm_layer.func in (LayerNorm, nn.LayerNorm) and not norm_layer.args:
+            return float(norm_layer.keywords["eps"])
+    return None
+
+
+def vit_args(kwargs: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """timm ``VisionTransformer`` kwargs -> ``(ViTConfig args, what we cannot express)``."""
+    args: dict[str, Any] = {}
+    unsupported: list[str] = []
+    for key, value in kwargs.items():
+        if key in SAME_ARGS:
+            args[key] = value
+        elif key == "global_pool" and value in GLOBAL_POOLS:
+            args[key] = value
+        elif key == "act_layer" and value in ACTIVATIONS:
+            args["act"] = value
+        elif key == "norm_layer" and _layer_norm_eps(value) is not None:
+            args["norm_eps"] = _layer_norm_eps(value)
+        elif key == "distilled":
+            args["dist_token"] = bool(value)
+        else:
+            unsupported.append(f"{key}={_describe(value)}")
+    return args, unsupported
+
+
+@functools.cache
+def timm_vit_kwargs() -> dict[str, dict[str, Any]]:
+    """``arch -> kwargs`` timm's entrypoint passes to its builder, for every architecture
+    in :data:`VIT_MODULES` (the builder is replaced by a recorder: nothing is built)."""
+    import timm
+    from timm.models import deit, vision_transformer
+
+    captured: dict[str, dict[str, Any]] = {}
+
+    class Recorded(Exception):
+        pass
+
+    def record(variant: str, pretrained: bool = False, **kwargs: Any) -> None:
+        captured[variant] = kwargs
+        raise Recorded
+
+    archs = timm.list_models(module=list(VIT_MODULES))
+    with (
+        mock.patch.object(vision_transformer, "_create_vision_transformer", record),
+        mock.patch.object(deit, "_create_deit", record),
+    ):
+        for arch in archs:
+            try:
+                timm.models.model_entrypoint(arch)()
+            except Recorded:
+                pass
+    missing = sorted(set(archs) - set(captured))
+    if missing:
+        raise RuntimeError(f"timm {timm.__version__}: entrypoints not recorded: {missing}")
+    return captured
+
+
+def timm_vit_args() -> dict[str, tuple[dict[str, Any], list[str]]]:
+    """``arch -> vit_args(kwargs)`` for every timm architecture in :data:`VIT_MODULES`."""
+    return {arch: vit_args(kw) for arch, kw in sorted(timm_vit_kwargs().items())}
+
+
+def _pretrained_entry(arch: str) -> dict[str, Any]:
+    from timm.models import get_arch_pretrained_cfgs
+    from timm.models import get_pretrained_cfg as timm_pretrained_cfg
+
+    tags = {}
+    for cfg in get_arch_pretrained_cfgs(arch).values():
+        values = {f: getattr(cfg, f) for f in TABLE_FIELDS}
+        tags[cfg.tag] = {f: v for f, v in values.items() if v is not None}
+    return {"default_tag": timm_pretrained_cfg(arch).tag, "tags": tags}
+
+
+def timm_pretrained_table() -> dict[str, Any]:
+    """The table from the installed timm: every ViT architecture :func:`vit_args` can
+    express (with its ``model_args``) and the registered Swin / ResNet presets timm has.
+
+    ``{"timm_version": ..., "architectures": {arch: {["model_args": {...},]
+    "default_tag": tag, "tags": {tag: {field: value}}}}}`` with the :data:`TABLE_FIELDS`
+    timm sets (not None); JSON types (tuples as lists).
+    """
+    import timm
+    from timm.models import get_arch_pretrained_cfgs
+
+    from .registry import _MODELS
+
+    other_archs = [n for n, spec in _MODELS.items() if spec.family != "vit" and spec.timm_weights]
+    archs: dict[str, Any] = {}
+    for arch, (args, unsupported) in timm_vit_args().items():
+        if not unsupported:
+            archs[arch] = {"model_args": args, **_pretrained_entry(arch)}
+    for arch in other_archs:
+        if not get_arch_pretrained_cfgs(arch):
+            raise RuntimeError(
+                f"timm {timm.__version__} has no pretrained cfgs for {arch!r}; "
+                "register it with timm_weights=False"
+            )
+        archs[arch] = _pretrained_entry(arch)
+    table = {"timm_version": timm.__version__, "architectures": dict(sorted(archs.items()))}
+    return json.loads(json.dumps(table))  # JSON types: tuples -> lists
+
+
+def format_table(table: dict[str, Any]) -> str:
+    """The table as JSON text with one line per tag / model_args (small, diff-friendly)."""
+    lines = ["{", f'  "timm_version": {json.dumps(table["timm_version"])},', '  "architectures": {']
+    archs = list(table["architectures"].items())
+    for i, (arch, entry) in enumerate(archs):
+        lines.append(f"    {json.dumps(arch)}: {{")
+        if "model_args" in entry:
+            lines.append(f'      "model_args": {json.dumps(entry["model_args"])},')
+        lines += [f'      "default_tag": {json.dumps(entry["default_tag"])},', '      "tags": {']
+        tags = list(entry["tags"].items())
+        for j, (tag, cfg) in enumerate(tags):
+            comma = "," if j < len(tags) - 1 else ""
+            lines.append(f"        {json.dumps(tag)}: {json.dumps(cfg)}{comma}")
+        lines += ["      }", "    }" + ("," if i < len(archs) - 1 else "")]
+    lines += ["  }", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def coverage_report(built: set[str], built_tags: set[str]) -> str:
+    """What of timm's ViTs we build: ``built`` preset names, ``built_tags`` ``arch.tag``."""
+    import timm
+    from timm.models import get_arch_pretrained_cfgs
+
+    def hub_tags(archs: list[str]) -> set[str]:
+        return {
+            f"{a}.{c.tag}"
+            for a in archs
+            for c in get_arch_pretrained_cfgs(a).values()
+            if c.hf_hub_id
+        }
+
+    vit_archs = sorted(timm_vit_kwargs())
+    all_archs = timm.list_models(["vit_*", "deit*"])
+    lines = [f"timm {timm.__version__}"]
+    for label, archs in (
+        (f"VisionTransformer architectures (timm modules {', '.join(VIT_MODULES)})", vit_archs),
+        ("all timm vit_* / deit* architectures (any module)", all_archs),
+    ):
+        tags = hub_tags(archs)
+        lines += [
+            f"{label}:",
+            f"  architectures built: {len(built & set(archs))} of {len(archs)}",
+            f"  pretrained tags (Hub weights) built: {len(built_tags & tags)} of {len(tags)}",
+        ]
+    not_built = {a: u for a, (_, u) in timm_vit_args().items() if a not in built}
+    lines.append(f"not built, in {', '.join(VIT_MODULES)} ({len(not_built)}):")
+    lines += [f"  {a}: {'; '.join(u) or 'not registered'}" for a, u in not_built.items()]
+    others = {m: timm.list_models(["vit_*", "deit*"], module=m) for m in timm.list_modules()}
+    others = {m: len(a) for m, a in others.items() if a and m not in VIT_MODULES}
+    listed = ", ".join(f"{m} ({n})" for m, n in sorted(others.items()))
+    lines.append(f"not built, other timm model classes ({sum(others.values())}): {listed}")
+    return "\n".join(lines)
