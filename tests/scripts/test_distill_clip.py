@@ -1,0 +1,73 @@
+"""scripts/distill_clip.py: a tiny CLIP teacher folder distilled into a narrower student;
+bad input is one line and writes nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from attn_train.cli import run_main
+
+SMALL = ["embed_dim=32", "vision.image_size=32", "vision.layers=1", "text.layers=1"]
+SMALL += ["text.context_length=16"]
+RUN = ["--threads", "1", "--quiet", "--batch-size", "16", "--warmup", "1", "--log-every", "1"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    """Shapes data and a teacher folder (a random CLIP, width 32 / 16)."""
+    import attn_clip
+    from attn_train import shapes
+    from attn_train.cli import apply_overrides
+
+    root = tmp_path_factory.mktemp("distill_clip")
+    shapes.write_dataset(root, n_train=32, n_val=0, n_heldout=12, image_size=32)
+    config = attn_clip.get_model_config("demo-shapes").to_dict()
+    config = apply_overrides(config, [*SMALL, "vision.width=32", "text.width=32"])
+    attn_clip.save_pretrained(attn_clip.create_model(attn_clip.CLIPConfig.from_dict(config)),
+                              root / "teacher")  # fmt: skip
+    return root
+
+
+def args(data: Path, out: Path, *extra: str, student: tuple[str, ...] = ()) -> list[str]:
+    return [
+        "--teacher", str(data / "teacher"), "--train-data", str(data / "train.csv"),
+        "--zeroshot-dir", str(data / "heldout"), "--zeroshot-classnames",
+        str(data / "classnames.txt"), "--out", str(out), "--set", *SMALL, "vision.width=16",
+        "vision.head_width=16", "text.width=16", *student, *RUN, *extra,
+    ]  # fmt: skip
+
+
+def test_student_is_smaller_learns_and_loads(data, load_script, tmp_path):
+    import attn_clip
+
+    result = load_script("distill_clip").main(args(data, tmp_path / "s", "--max-steps", "3"))
+    assert result["step"] == 3 and result["student_params"] < result["teacher_params"] / 2
+    assert "zeroshot/heldout/top1" in result["teacher"]
+    assert result["last_loss"] < result["first_loss"]
+    student = attn_clip.create_model(tmp_path / "s" / "last")
+    assert student.config.vision.width == 16
+    assert student.encode_image(torch.randn(1, 3, 32, 32)).shape == (1, 32)
+
+
+@pytest.mark.parametrize(
+    "student, extra, message",
+    [
+        (["embed_dim=16"], [], "--w-feature needs the teacher's embed_dim (32)"),
+        (["vision.image_size=64"], [], "image preprocessing"),
+        (["text.context_length=24"], [], "text vocabulary and context length"),
+        ([], ["--accum", "2"], "--accum is not supported"),
+        ([], ["--teacher", "no-such-clip"], "unknown model 'no-such-clip'"),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(
+    student, extra, message, data, load_script, tmp_path, capsys
+):
+    argv = args(data, tmp_path / "out", *extra, student=tuple(student))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        run_main(lambda: load_script("distill_clip").main(argv))
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(lines) == 1 and message in lines[0], lines
+    assert not (tmp_path / "out").exists()
