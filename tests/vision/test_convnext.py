@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from attn_vision import create_model
 from attn_vision.convnext import ConvNeXt, ConvNeXtConfig
 from safetensors.torch import load_file
 
@@ -23,6 +24,8 @@ def test_convnext_matches_timm(name, timm_checkpoint, assert_parity):
     ours = ConvNeXt(ConvNeXtConfig(depths=SHRUNK, num_classes=5, **CASES[name]), weight_init=False)
     ours.load_state_dict(load_file(str(path)))  # timm's names and shapes, unchanged
     assert_parity(ref, ours.eval(), torch.randn(2, 3, 64, 64))
+    preset = create_model(name, pretrained=path, depths=SHRUNK, num_classes=5)  # the registry
+    assert_parity(ref, preset, torch.randn(1, 3, 64, 64))
 
 
 def test_pooled_features_reset_classifier_and_bad_configs(timm_checkpoint):

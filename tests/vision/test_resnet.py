@@ -32,7 +32,7 @@ def test_resnet34_layout_matches_timm() -> None:
 
 
 def test_coord_resnet_trains() -> None:
-    model = create_model("resnet18_coord", num_classes=4, layers=(1, 1, 1, 1), stem_width=16)
+    model = create_model("resnet18_coord", num_classes=4, layers=(1, 1, 1, 1), width=16)
     assert isinstance(model.layer3[0].se, CoordinateAttention)
     x = torch.randn(2, 3, 32, 32)
     model(x).logsumexp(-1).sum().backward()
@@ -41,7 +41,7 @@ def test_coord_resnet_trains() -> None:
 
 
 def test_grad_checkpointing_gives_same_grads() -> None:
-    model = create_model("resnet18_se", num_classes=3, layers=(1, 1, 1, 1), stem_width=16).eval()
+    model = create_model("resnet18_se", num_classes=3, layers=(1, 1, 1, 1), width=16).eval()
     x = torch.randn(2, 3, 32, 32)
     model(x).square().sum().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}

@@ -29,6 +29,7 @@ import torch
 from attn_core.hub import CheckpointError
 from torch import nn
 
+from .convnext import ConvNeXt, ConvNeXtConfig
 from .patch_embed import resample_abs_pos_embed
 from .resnet import ResNet, ResNetConfig
 from .swin import SwinConfig, SwinTransformer
@@ -36,6 +37,7 @@ from .vit import VisionTransformer, ViTConfig
 
 __all__ = [
     "check_state_dict",
+    "convert_timm_convnext",
     "convert_timm_resnet",
     "convert_timm_swin",
     "convert_timm_vit",
@@ -141,7 +143,16 @@ def convert_timm_swin(state_dict: Mapping[str, torch.Tensor], config: SwinConfig
 
 
 def convert_timm_resnet(state_dict: Mapping[str, torch.Tensor], config: ResNetConfig) -> StateDict:
-    """timm ``ResNet`` (BasicBlock) state dict -> :class:`ResNet` (the names are the same)."""
+    """timm ``ResNet`` state dict -> :class:`ResNet` (the names are the same)."""
     out = _unwrap(state_dict)
     check_state_dict(out, expected_state_dict_shapes(ResNet, config), "timm ResNet")
+    return out
+
+
+def convert_timm_convnext(
+    state_dict: Mapping[str, torch.Tensor], config: ConvNeXtConfig
+) -> StateDict:
+    """timm ``ConvNeXt`` state dict -> :class:`ConvNeXt` (the names are the same)."""
+    out = _unwrap(state_dict)
+    check_state_dict(out, expected_state_dict_shapes(ConvNeXt, config), "timm ConvNeXt")
     return out

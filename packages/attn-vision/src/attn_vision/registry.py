@@ -22,7 +22,7 @@ A folder written by :func:`save_pretrained` holds ``config.json`` and
 ``model.safetensors`` (attn_vision's state dict); ``config.json`` is::
 
     {"architecture": "vit_tiny_patch16_224",  # the preset (null for a hand-built model)
-     "family": "vit",                          # "vit", "swin" or "resnet"
+     "family": "vit",                          # "vit", "swin", "resnet" or "convnext"
      "model_args": {...},                      # every field of the config dataclass
      "pretrained_cfg": {...}}                  # model.pretrained_cfg (preprocessing)
 
@@ -45,7 +45,13 @@ from attn_core import hub
 from torch import nn
 
 from .constants import DEFAULT_CROP_PCT, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from .convert import convert_timm_resnet, convert_timm_swin, convert_timm_vit
+from .convert import (
+    convert_timm_convnext,
+    convert_timm_resnet,
+    convert_timm_swin,
+    convert_timm_vit,
+)
+from .convnext import ConvNeXt, ConvNeXtConfig
 from .pretrained import (
     TABLE_PATH,
     get_pretrained_cfg,
@@ -83,6 +89,7 @@ FAMILIES: dict[str, tuple[type, type[nn.Module], Any]] = {
     "vit": (ViTConfig, VisionTransformer, convert_timm_vit),
     "swin": (SwinConfig, SwinTransformer, convert_timm_swin),
     "resnet": (ResNetConfig, ResNet, convert_timm_resnet),
+    "convnext": (ConvNeXtConfig, ConvNeXt, convert_timm_convnext),
 }
 
 
@@ -102,7 +109,7 @@ def _tuples(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def register_model(name: str, family: str, timm_weights: bool = True, **args: Any) -> None:
-    """Register preset ``name`` of ``family`` ("vit", "swin", "resnet") with config ``args``."""
+    """Register preset ``name`` of ``family`` (a key of ``FAMILIES``) with config ``args``."""
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; expected one of {sorted(FAMILIES)}")
     _MODELS[name] = ModelSpec(family, args, timm_weights)
@@ -123,11 +130,92 @@ register_model("swin_small_patch4_window7_224", "swin", **_swin_s)
 register_model("swin_base_patch4_window7_224", "swin", **_swin_b)
 register_model("swin_base_patch4_window12_384", "swin", img_size=384, window_size=12, **_swin_b)
 register_model("swin_large_patch4_window7_224", "swin", **_swin_l)
+register_model("swin_large_patch4_window12_384", "swin", img_size=384, window_size=12, **_swin_l)
 
 register_model("resnet18", "resnet", layers=(2, 2, 2, 2))
 register_model("resnet34", "resnet", layers=(3, 4, 6, 3))
 register_model("seresnet18", "resnet", layers=(2, 2, 2, 2), attn_layer="se")
 register_model("seresnet34", "resnet", layers=(3, 4, 6, 3), attn_layer="se")
+# timm's ResNet family: name -> (layers, variant, attention); variants: "" plain 7x7 stem,
+# "c" deep stem, "d" deep stem + average-pool shortcut, "s" wide deep stem, "l" (light)
+# average-pool shortcut only; "32x4d" & co. are ResNeXt groups, "_2" wide bottlenecks
+_R50, _R101, _R152, _R200 = (3, 4, 6, 3), (3, 4, 23, 3), (3, 8, 36, 3), (3, 24, 36, 3)
+_VARIANTS = {
+    "": {},
+    "c": dict(stem_type="deep"),
+    "d": dict(stem_type="deep", avg_down=True),
+    "s": dict(stem_type="deep", stem_width=64),
+    "l": dict(avg_down=True),
+}
+_RESNETS = {
+    "resnet18d": ((2, 2, 2, 2), "d", None, "basic"),
+    "resnet34d": ((3, 4, 6, 3), "d", None, "basic"),
+    "resnet26": ((2, 2, 2, 2), "", None),
+    "resnet26d": ((2, 2, 2, 2), "d", None),
+    "resnet200": (_R200, "", None),
+    "resnet200d": (_R200, "d", None),
+    "seresnet50": (_R50, "", "se"),
+    "seresnet101": (_R101, "", "se"),
+    "seresnet152": (_R152, "", "se"),
+    "seresnet152d": (_R152, "d", "se"),
+    "seresnet200d": (_R200, "d", "se"),
+    "seresnet269d": ((3, 30, 48, 8), "d", "se"),
+    "ecaresnetlight": ((1, 1, 11, 3), "l", "eca"),
+    "ecaresnet50d": (_R50, "d", "eca"),
+    "ecaresnet101d": (_R101, "d", "eca"),
+    "ecaresnet200d": (_R200, "d", "eca"),
+    "ecaresnet269d": ((3, 30, 48, 8), "d", "eca"),
+}
+for _depth, _layers in (("50", _R50), ("101", _R101), ("152", _R152)):
+    for _v in ("", "c", "d", "s"):
+        _RESNETS[f"resnet{_depth}{_v}"] = (_layers, _v, None)
+for _name, (_layers, _v, _attn, *_block) in _RESNETS.items():
+    _kind = _block[0] if _block else "bottleneck"
+    register_model(_name, "resnet", block=_kind, layers=_layers, attn_layer=_attn, **_VARIANTS[_v])
+_RESNEXTS = {  # name -> (layers, variant, attention, cardinality, base width)
+    "resnext50_32x4d": (_R50, "", None, 32, 4),
+    "resnext50d_32x4d": (_R50, "d", None, 32, 4),
+    "resnext101_32x4d": (_R101, "", None, 32, 4),
+    "resnext101_32x8d": (_R101, "", None, 32, 8),
+    "resnext101_32x16d": (_R101, "", None, 32, 16),
+    "resnext101_32x32d": (_R101, "", None, 32, 32),
+    "resnext101_64x4d": (_R101, "", None, 64, 4),
+    "seresnext26d_32x4d": ((2, 2, 2, 2), "d", "se", 32, 4),
+    "seresnext50_32x4d": (_R50, "", "se", 32, 4),
+    "seresnext101_32x4d": (_R101, "", "se", 32, 4),
+    "seresnext101_32x8d": (_R101, "", "se", 32, 8),
+    "seresnext101_64x4d": (_R101, "", "se", 64, 4),
+    "seresnext101d_32x8d": (_R101, "d", "se", 32, 8),
+    "wide_resnet50_2": (_R50, "", None, 1, 128),
+    "wide_resnet101_2": (_R101, "", None, 1, 128),
+}
+for _name, (_layers, _v, _attn, _card, _bw) in _RESNEXTS.items():
+    _args = dict(layers=_layers, attn_layer=_attn, cardinality=_card, base_width=_bw)
+    register_model(_name, "resnet", block="bottleneck", **_args, **_VARIANTS[_v])
+
+# timm's ConvNeXt (V1, patch stem, LayerNorm)
+_CONVNEXT_SMALL = (2, 2, 6, 2)
+_CONVNEXTS = {
+    "convnext_atto": dict(depths=_CONVNEXT_SMALL, dims=(40, 80, 160, 320), conv_mlp=True),
+    "convnext_femto": dict(depths=_CONVNEXT_SMALL, dims=(48, 96, 192, 384), conv_mlp=True),
+    "convnext_pico": dict(depths=_CONVNEXT_SMALL, dims=(64, 128, 256, 512), conv_mlp=True),
+    "convnext_nano": dict(depths=(2, 2, 8, 2), dims=(80, 160, 320, 640), conv_mlp=True),
+    "convnext_tiny": dict(depths=(3, 3, 9, 3), dims=(96, 192, 384, 768)),
+    "convnext_tiny_hnf": dict(
+        depths=(3, 3, 9, 3), dims=(96, 192, 384, 768), head_norm_first=True, conv_mlp=True
+    ),
+    "convnext_small": dict(depths=(3, 3, 27, 3), dims=(96, 192, 384, 768)),
+    "convnext_base": dict(depths=(3, 3, 27, 3), dims=(128, 256, 512, 1024)),
+    "convnext_large": dict(depths=(3, 3, 27, 3), dims=(192, 384, 768, 1536)),
+    "convnext_large_mlp": dict(
+        depths=(3, 3, 27, 3), dims=(192, 384, 768, 1536), head_hidden_size=1536
+    ),
+    "convnext_xlarge": dict(depths=(3, 3, 27, 3), dims=(256, 512, 1024, 2048)),
+    "convnext_xxlarge": dict(depths=(3, 4, 30, 3), dims=(384, 768, 1536, 3072), norm_eps=1e-5),
+}
+for _name, _args in _CONVNEXTS.items():
+    register_model(_name, "convnext", **_args)
+
 for _attn in ("se", "eca", "cbam", "coord"):
     register_model(f"resnet18_{_attn}", "resnet", timm_weights=False, attn_layer=_attn)
     register_model(

@@ -15,6 +15,7 @@ Names follow timm's ``ResNet`` (``conv1`` (a ``Sequential`` for the deep stem), 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -36,9 +37,12 @@ class ResNetConfig:
     in_chans: int = 3  # input image channels
     num_classes: int = 1000  # classifier outputs; 0 = no head
     attn_layer: str | None = None  # "se", "eca", "cbam", "coord" or None in every block
-    stem_width: int = 64  # channels out of the stem; stage i has stem_width * 2**i planes
-    stem_type: str = ""  # "" (7x7 conv) or "deep" (three 3x3 convs, stem_width / 2 inside)
+    width: int = 64  # planes of stage 1 (stage i: width * 2**i); the 7x7 stem's output
+    stem_type: str = ""  # "" (7x7 conv) or "deep" (three 3x3 convs)
+    stem_width: int = 32  # deep stem: channels inside it; it outputs 2 * stem_width
     avg_down: bool = False  # shortcut downsampling by 2x2 average pool + 1x1 conv ("D")
+    cardinality: int = 1  # bottleneck 3x3 conv groups (ResNeXt: 32, 64)
+    base_width: int = 64  # bottleneck width per group at width 64 (ResNeXt 4 / 8, wide 128)
     drop_rate: float = 0.0  # dropout before the classifier
     drop_path_rate: float = 0.0  # stochastic depth on the residual branches
 
@@ -50,6 +54,8 @@ class ResNetConfig:
             raise ValueError(f"block must be 'basic' or 'bottleneck', got {self.block!r}")
         if self.stem_type not in ("", "deep"):
             raise ValueError(f"stem_type must be '' or 'deep', got {self.stem_type!r}")
+        if self.block == "basic" and (self.cardinality, self.base_width) != (1, 64):
+            raise ValueError("cardinality / base_width need block='bottleneck'")
 
 
 def _downsample(inplanes: int, outplanes: int, stride: int, avg_down: bool) -> nn.Module | None:
@@ -107,7 +113,8 @@ class BasicBlock(nn.Module):
 
 
 class Bottleneck(nn.Module):
-    """1x1 reduce, 3x3 (with the stride), 1x1 expand to ``4 * planes``, attention, + skip."""
+    """1x1 reduce, 3x3 (with the stride; grouped for ResNeXt), 1x1 expand to ``4 * planes``,
+    attention, + skip."""
 
     expansion = 4
 
@@ -119,16 +126,21 @@ class Bottleneck(nn.Module):
         attn_layer: str | None = None,
         drop_path: float = 0.0,
         avg_down: bool = False,
+        cardinality: int = 1,
+        base_width: int = 64,
     ) -> None:
         super().__init__()
         outplanes = planes * self.expansion
-        self.conv1 = nn.Conv2d(inplanes, planes, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(planes)
+        width = math.floor(planes * base_width / 64) * cardinality  # ResNeXt / wide
+        self.conv1 = nn.Conv2d(inplanes, width, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
         self.act1 = nn.ReLU(inplace=True)
-        self.conv2 = nn.Conv2d(planes, planes, 3, stride=stride, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(
+            width, width, 3, stride=stride, padding=1, groups=cardinality, bias=False
+        )
+        self.bn2 = nn.BatchNorm2d(width)
         self.act2 = nn.ReLU(inplace=True)
-        self.conv3 = nn.Conv2d(planes, outplanes, 1, bias=False)
+        self.conv3 = nn.Conv2d(width, outplanes, 1, bias=False)
         self.bn3 = nn.BatchNorm2d(outplanes)
         self.se = create_attn(attn_layer, outplanes)
         self.act3 = nn.ReLU(inplace=True)
@@ -165,34 +177,37 @@ class ResNet(nn.Module):
         self.config = c = config
         self.num_classes = c.num_classes
         self.grad_checkpointing = False
-        w = c.stem_width
         if c.stem_type == "deep":  # timm: conv1.0 / .1 (BN) / .3 / .4 (BN) / .6
-            half = w // 2
+            sw, stem_out = c.stem_width, 2 * c.stem_width
             self.conv1 = nn.Sequential(
-                nn.Conv2d(c.in_chans, half, 3, stride=2, padding=1, bias=False),
-                nn.BatchNorm2d(half),
+                nn.Conv2d(c.in_chans, sw, 3, stride=2, padding=1, bias=False),
+                nn.BatchNorm2d(sw),
                 nn.ReLU(inplace=True),
-                nn.Conv2d(half, half, 3, padding=1, bias=False),
-                nn.BatchNorm2d(half),
+                nn.Conv2d(sw, sw, 3, padding=1, bias=False),
+                nn.BatchNorm2d(sw),
                 nn.ReLU(inplace=True),
-                nn.Conv2d(half, w, 3, padding=1, bias=False),
+                nn.Conv2d(sw, stem_out, 3, padding=1, bias=False),
             )
         else:
-            self.conv1 = nn.Conv2d(c.in_chans, w, 7, stride=2, padding=3, bias=False)
-        self.bn1 = nn.BatchNorm2d(w)
+            stem_out = c.width
+            self.conv1 = nn.Conv2d(c.in_chans, stem_out, 7, stride=2, padding=3, bias=False)
+        self.bn1 = nn.BatchNorm2d(stem_out)
         self.act1 = nn.ReLU(inplace=True)
         self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
+        groups = (
+            {} if c.block == "basic" else dict(cardinality=c.cardinality, base_width=c.base_width)
+        )
 
         block = Bottleneck if c.block == "bottleneck" else BasicBlock
         dpr = torch.linspace(0, c.drop_path_rate, sum(c.layers), device="cpu").tolist()
-        inplanes, idx = w, 0
+        inplanes, idx = stem_out, 0
         for i, n in enumerate(c.layers):
-            planes = w * 2**i
+            planes = c.width * 2**i
             blocks = []
             for j in range(n):
                 stride = 2 if (i > 0 and j == 0) else 1
                 args = (stride, c.attn_layer, dpr[idx], c.avg_down)
-                blocks.append(block(inplanes, planes, *args))
+                blocks.append(block(inplanes, planes, *args, **groups))
                 inplanes, idx = planes * block.expansion, idx + 1
             self.add_module(f"layer{i + 1}", nn.Sequential(*blocks))
         self.num_features = inplanes

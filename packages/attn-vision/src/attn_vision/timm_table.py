@@ -220,4 +220,14 @@ def coverage_report(built: set[str], built_tags: set[str]) -> str:
     others = {m: len(a) for m, a in others.items() if a and m not in VIT_MODULES}
     listed = ", ".join(f"{m} ({n})" for m, n in sorted(others.items()))
     lines.append(f"not built, other timm model classes ({sum(others.values())}): {listed}")
+    for module in ("swin_transformer", "resnet", "convnext", "eva"):  # the other families
+        archs = [a for a in timm.list_models(module=module) if not a.startswith("test_")]
+        tags = hub_tags(archs)
+        missing = sorted(set(archs) - built)
+        lines += [
+            f"timm module {module}:",
+            f"  architectures built: {len(built & set(archs))} of {len(archs)}",
+            f"  pretrained tags (Hub weights) built: {len(built_tags & tags)} of {len(tags)}",
+            f"  not built ({len(missing)}): {', '.join(missing)}",
+        ]
     return "\n".join(lines)
