@@ -18,6 +18,9 @@ copy ``INDEX.*``. ``search`` and ``eval --index`` use the index's own model; ask
 another one is an error, and so are weights that no longer give the embeddings the index
 was built with.
 
+Scores are cosine similarities; with a SigLIP / SigLIP2 model a text query's hits also get
+``p(match)``, SigLIP's sigmoid probability that the text describes the image (JSON: "prob").
+
 Bad input (unreadable index, missing query image, empty query, unknown model, weights not
 available offline, a CSV without image / caption columns) prints one line on stderr and
 exits with code 2. Unreadable files under the indexed folder are skipped and counted.
@@ -379,6 +382,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     check_requested_model(args, manifest["model"], base)
     loaded = load_recorded_model(args, manifest["model"])
 
+    import attn_clip
     import torch
 
     q = []
@@ -389,10 +393,17 @@ def cmd_search(args: argparse.Namespace) -> int:
         with torch.no_grad():
             q.append(loaded.model.encode_image(x.to(loaded.device), normalize=True).float().cpu())
     hits = index.search(torch.cat(q), k=args.top_k)
+    # SigLIP: a text query's sigmoid probability of matching each hit, next to the cosine
+    probs = attn_clip.match_probability(loaded.model, hits.scores)
     root = manifest["root"]
     results = []
-    for (kind, query, _), ids, scores in zip(queries, hits.ids, hits.scores.tolist(), strict=True):
-        found = [{"path": shown(root, rel), "score": s} for rel, s in zip(ids, scores, strict=True)]
+    for i, ((kind, query, _), ids) in enumerate(zip(queries, hits.ids, strict=True)):
+        with_prob = probs is not None and kind == "text"
+        found = [
+            {"path": shown(root, rel), "score": float(hits.scores[i, j])}
+            | ({"prob": float(probs[i, j])} if with_prob else {})
+            for j, rel in enumerate(ids)
+        ]
         results.append({"query": query, "type": kind, "hits": found})
     for r in results:
         if args.json:
@@ -400,7 +411,8 @@ def cmd_search(args: argparse.Namespace) -> int:
             continue
         print(f"{r['type']}: {r['query']}")
         for rank, hit in enumerate(r["hits"], 1):
-            print(f"  {rank:>3}  {hit['score']:.4f}  {hit['path']}")
+            prob = f"  p(match) {100 * hit['prob']:6.2f}%" if "prob" in hit else ""
+            print(f"  {rank:>3}  {hit['score']:.4f}{prob}  {hit['path']}")
         print()
     if args.grid:
         contact_sheet(results, root, hits.ids).save(args.grid, format="PNG")

@@ -9,7 +9,9 @@
 Each label becomes a prompt through the templates (default ``"a photo of a {}."``; with
 --imagenet OpenAI's 80 ImageNet templates); a label's text embedding is the normalized mean
 over its prompts. Probabilities are a softmax over the labels of
-``exp(logit_scale) * cosine`` (independent sigmoids for SigLIP-style models).
+``exp(logit_scale) * cosine``; for SigLIP / SigLIP2 (models with a ``logit_bias``) each
+label's own sigmoid ``p(match)`` of ``exp(logit_scale) * cosine + logit_bias``, which need
+not sum to 1 (JSON: the same numbers under "prob").
 --explain saves the image with a heatmap of where the model looked for the top label
 (gradient-weighted attention relevancy, Chefer et al. 2021; or attention rollout).
 
@@ -239,10 +241,10 @@ def explain_names(paths: list[Path], root: Path | None) -> dict[Path, str]:
     return names
 
 
-def _print_table(path: str, labels: list[str], probs, top: list[int]) -> None:
+def _print_table(path: str, labels: list[str], probs, top: list[int], sigmoid: bool) -> None:
     width = max(5, *(display_width(labels[i]) for i in top))
     print(path)
-    print(f"  {'#':>2}  {pad('label', width)}  {'prob':>7}")
+    print(f"  {'#':>2}  {pad('label', width)}  {'p(match)' if sigmoid else 'prob':>7}")
     for rank, i in enumerate(top, 1):
         print(f"  {rank:>2}  {pad(labels[i], width)}  {100 * float(probs[i]):>6.2f}%")
     print()
@@ -254,7 +256,8 @@ def warn_truncated(loaded: LoadedModel, labels: list[str], templates: list) -> N
     tokenizer = loaded.tokenizer
     if not hasattr(tokenizer, "encode"):
         return
-    room = tokenizer.context_length - 2  # start and end of text
+    # CLIP: start and end of text; SigLIP: the end only
+    room = tokenizer.context_length - getattr(tokenizer, "num_special_tokens", 2)
     for label in labels:
         longest = max(len(tokenizer.encode(_template_text(t).format(label))) for t in templates)
         if longest > room:
@@ -362,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(record, ensure_ascii=False), flush=True)
             else:
                 bar.clear()
-                _print_table(str(path), labels, p, t)
+                _print_table(str(path), labels, p, t, sigmoid)
                 if heat_path is not None:
                     print(f"  heatmap of '{labels[t[0]]}' saved to {heat_path}\n")
     bar.close()

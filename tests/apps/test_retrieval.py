@@ -57,7 +57,7 @@ def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str)
 
 
 def render(colour, shape, size, position, seed) -> Image.Image:
-    from attn_clip import shapes
+    from attn_train import shapes
 
     return shapes.render_shape(colour, shape, size, position, seed=seed, noise=0.0)
 
@@ -215,3 +215,42 @@ def test_corrupt_index_in_process(built, tmp_path, capsys, monkeypatch):
     assert app.main(["search", str(broken), "--text", "a red circle"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unreadable index" in err[0] and "corrupt" in err[0], err
+
+
+def test_siglip_search_shows_match_probabilities(built, tmp_path, capsys, monkeypatch):
+    """With a SigLIP-style model (a logit bias) a text query's hits also get SigLIP's sigmoid
+    probability of matching; image queries (image-image cosines) do not."""
+    from dataclasses import replace
+
+    import attn_clip
+    import torch
+
+    work, gallery, _ = built
+    cfg = attn_clip.get_model_config("ViT-B-16-SigLIP")
+    v = replace(cfg.vision, image_size=32, patch_size=8, width=32, layers=1, head_width=16)
+    # OpenAI's BPE here (no tokenizer download): the towers and the logit bias are SigLIP's
+    t = replace(cfg.text, width=32, heads=2, layers=1, context_length=16, vocab_size=49408,
+                hf_tokenizer_name=None, tokenizer_kwargs=None)  # fmt: skip
+    folder = tmp_path / "siglip"
+    attn_clip.save_pretrained(attn_clip.create_model(replace(cfg, embed_dim=32, vision=v, text=t)),
+                              folder)  # fmt: skip
+    monkeypatch.syspath_prepend(str(ROOT / "apps"))
+    spec = importlib.util.spec_from_file_location("retrieval_app_siglip", APP)
+    app = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, app)
+    spec.loader.exec_module(app)
+    index = tmp_path / "siglip.idx"
+    assert app.main(["index", str(gallery), "--out", str(index), "--model", str(folder)]) == 0
+    capsys.readouterr()
+    query = str(gallery / rel_name(*GALLERY[0]))
+    argv = ["search", str(index), "--text", "a red circle", "--image", query, "--top-k", "3"]
+    assert app.main([*argv, "--json"]) == 0
+    text_hits, image_hits = (json.loads(line) for line in capsys.readouterr().out.splitlines())
+    model = attn_clip.create_model(str(folder))
+    for hit in text_hits["hits"]:
+        with torch.no_grad():
+            want = torch.sigmoid(model.logit_scale.exp() * hit["score"] + model.logit_bias)
+        assert abs(hit["prob"] - float(want)) < 1e-5
+    assert all("prob" not in hit for hit in image_hits["hits"])
+    assert app.main(argv) == 0
+    assert "p(match)" in capsys.readouterr().out

@@ -61,7 +61,7 @@ def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str)
 
 
 def render(colour: str, shape: str, seed: int = 0) -> Image.Image:
-    from attn_clip import shapes
+    from attn_train import shapes
 
     return shapes.render_shape(colour, shape, "large", "center", seed=seed, noise=0.0)
 
@@ -393,3 +393,60 @@ def test_extreme_images_are_refused_before_decoding(monkeypatch, capsys, tmp_pat
     assert app.main(["--model", "demo-shapes", "--images", str(folder), "--labels", "a"]) == 0
     err = capsys.readouterr().err
     assert "skipped 1 unreadable file(s) of 2" in err and "Traceback" not in err
+
+
+SPM_TEXTS = ["a photo of a red circle", "a blue square", "a green triangle", "a yellow star"]
+
+
+def siglip_folder(folder: Path) -> Path:
+    """A tiny random SigLIP (timm-style image tower with the MAP head, SigLIP text tower, a
+    logit bias) saved in open_clip's layout, with a sentencepiece tokenizer trained here in
+    the same folder, as the timm/ViT-*-SigLIP hub repos ship theirs."""
+    import io
+    from dataclasses import replace
+
+    import attn_clip
+    import sentencepiece as spm
+
+    cfg = attn_clip.get_model_config("ViT-B-16-SigLIP")
+    v = replace(cfg.vision, image_size=32, patch_size=8, width=32, layers=1, head_width=16)
+    t = replace(cfg.text, width=32, heads=2, layers=1, context_length=16, vocab_size=64)
+    model = attn_clip.create_model(replace(cfg, embed_dim=32, vision=v, text=t))
+    attn_clip.save_pretrained(model, folder)
+    out = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(SPM_TEXTS * 20), model_writer=out, vocab_size=24,
+        model_type="unigram", pad_id=0, eos_id=1, unk_id=2, bos_id=-1, minloglevel=2,
+    )  # fmt: skip
+    (folder / "spiece.model").write_bytes(out.getvalue())
+    (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "T5Tokenizer"}))
+    return folder
+
+
+def test_siglip_folder_gives_sigmoid_probabilities(shapes_dir, tmp_path, capsys, monkeypatch):
+    """A SigLIP folder (its own tokenizer inside) runs offline; each label gets its own
+    sigmoid probability (they need not sum to 1), as attn_clip.predict computes it."""
+    pytest.importorskip("sentencepiece")
+    pytest.importorskip("transformers")
+    import attn_clip
+
+    folder = siglip_folder(tmp_path / "siglip")
+    app = load_app(monkeypatch)
+    image = shapes_dir / "rgb" / "red_circle.png"
+    labels = ["red circle", "blue square", "green triangle"]
+    argv = ["--model", str(folder), "--image", str(image), "--labels", *labels]
+    assert app.main([*argv, "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    got = {p["label"]: p["prob"] for p in record["predictions"]}
+
+    model, preprocess, tokenizer = attn_clip.create_model_and_transforms(str(folder))
+    assert isinstance(tokenizer, attn_clip.HFTokenizer) and tokenizer.num_special_tokens == 1
+    classifier = attn_clip.build_zero_shot_classifier(model, tokenizer, labels)
+    with Image.open(image) as im:
+        want = attn_clip.predict(model, preprocess(im)[None], classifier)[0]
+    torch.testing.assert_close(torch.tensor([got[label] for label in labels]), want)
+    assert abs(float(want.sum()) - 1) > 1e-3  # not a softmax
+
+    assert app.main([*argv, "--top-k", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].split() == ["#", "label", "p(match)"] and out[2].endswith("%")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import open_clip
 import pytest
@@ -33,8 +34,10 @@ def test_fields_from_open_clip():
     [
         ("RN50", "ResNet"),
         ("coca_ViT-B-32", "multimodal_cfg"),
-        ("ViT-B-16-SigLIP", "timm_model_name"),
-        ("EVA02-B-16", "timm_model_name"),
+        ("nllb-clip-base-siglip", "hf_model_name"),
+        ("EVA02-B-16", "timm_model_name='eva02_base_patch16_clip_224' .not a plain timm ViT"),
+        ("PE-Core-B-16", "timm_model_name"),
+        ("vit_medium_patch16_gap_256", "qkv_bias=False.*timm_proj='linear'"),
         ("roberta-ViT-B-32", "hf_model_name"),
     ],
 )
@@ -68,13 +71,120 @@ def test_from_hf_dict():
     hf["text_config"]["hidden_act"] = "gelu_new"
     with pytest.raises(ValueError, match="gelu_new"):
         CLIPConfig.from_hf(hf)
-    with pytest.raises(ValueError, match="model_type"):
-        CLIPConfig.from_hf({"model_type": "siglip"})
+    with pytest.raises(ValueError, match="model_type.*'clip', 'siglip' or 'siglip2'.*'flava'"):
+        CLIPConfig.from_hf({"model_type": "flava"})
+
+
+def test_siglip_towers_from_open_clip():
+    """A timm tower is built from timm's arguments for its name (the shipped table)."""
+    cfg = CLIPConfig.from_open_clip(open_clip.get_model_config("ViT-SO400M-16-SigLIP2-384"))
+    v, t = cfg.vision, cfg.text
+    assert v.timm_model_name == "vit_so400m_patch16_siglip_384"
+    assert (v.width, v.layers, v.heads, v.patch_size, v.image_size) == (1152, 27, 16, 16, 384)
+    assert (v.pool_type, v.class_token, v.patch_bias, v.no_ln_pre, v.proj_type) == (
+        "map",
+        False,
+        True,
+        True,
+        "none",
+    )
+    assert v.act == "gelu_tanh" and v.norm_eps == 1e-6 and v.mlp_ratio == 3.7362
+    assert (t.pool_type, t.causal, t.proj_bias, t.act, t.norm_eps) == (
+        "last",
+        False,
+        True,
+        "gelu_tanh",
+        1e-6,
+    )  # SigLIP2 text: act_kwargs approximate="tanh"
+    assert cfg.init_logit_bias == -10 and not cfg.quick_gelu
+    siglip1 = CLIPConfig.from_open_clip(open_clip.get_model_config("ViT-B-16-SigLIP"))
+    assert siglip1.vision.act == "gelu" and siglip1.text.act == "gelu"
+    assert siglip1.text.hf_tokenizer_name == "timm/ViT-B-16-SigLIP"
+    assert siglip1.text.tokenizer_kwargs == {"clean": "canonicalize"}
+    # the quick_gelu flag leaves a timm tower's activation alone, as in open_clip
+    assert siglip1.with_act(True).vision.act == "gelu"
+
+
+def test_timm_tower_with_other_arguments_round_trips():
+    cfg = CLIPConfig.from_open_clip(open_clip.get_model_config("ViT-B-16-SigLIP"))
+    assert "timm_model_args" not in cfg.to_open_clip()["vision_cfg"]  # exactly its timm name's
+    small = replace(cfg, vision=replace(cfg.vision, layers=2))
+    vision_cfg = small.to_open_clip()["vision_cfg"]
+    assert vision_cfg["timm_model_args"]["depth"] == 2
+    assert CLIPConfig.from_open_clip(small.to_open_clip()) == small
+    with pytest.raises(TypeError, match="timm_model_args"):  # open_clip refuses it, loudly
+        open_clip.model.CLIPVisionCfg(**vision_cfg)
+
+
+def test_timm_tower_refusals_are_named():
+    base = open_clip.get_model_config("ViT-B-16-SigLIP")
+    for key, value, match in [
+        ("timm_proj", "linear", "timm_proj='linear'"),
+        ("timm_pool", "", "timm_pool=''"),
+        ("timm_model_name", "convnext_base", "convnext_base.*not a plain timm ViT"),
+        ("timm_model_args", {"depth": 2, "reg_tokens": 4}, "reg_tokens=4"),
+        ("image_size", 256, "img_size=.224, 224. .vision_cfg.image_size is 256"),
+        ("qk_layernorm", True, r"vision_cfg\.qk_layernorm"),
+    ]:
+        cfg = {**base, "vision_cfg": {**base["vision_cfg"], key: value}}
+        with pytest.raises(ValueError, match=match):
+            CLIPConfig.from_open_clip(cfg)
+
+
+def test_from_hf_siglip_dicts():
+    tc = {
+        "hidden_size": 64,
+        "intermediate_size": 256,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "max_position_embeddings": 16,
+        "vocab_size": 300,
+    }
+    vc = {"hidden_size": 64, "intermediate_size": 256, "num_attention_heads": 4,
+          "num_hidden_layers": 2, "image_size": 32, "patch_size": 8}  # fmt: skip
+    cfg = CLIPConfig.from_hf({"model_type": "siglip", "text_config": tc, "vision_config": vc})
+    v, t = cfg.vision, cfg.text
+    assert (v.pool_type, v.class_token, v.patch_bias, v.proj_type, v.act) == (
+        "map",
+        False,
+        True,
+        "none",
+        "gelu_tanh",
+    )
+    assert (t.pool_type, t.causal, t.proj_bias, t.context_length, t.act) == (
+        "last",
+        False,
+        True,
+        16,
+        "gelu_tanh",
+    )
+    assert cfg.embed_dim == 64 and v.image_size == 32 and cfg.init_logit_bias == -10
+    assert CLIPConfig.from_open_clip(cfg.to_open_clip()) == cfg  # save_pretrained's config
+    # SigLIP2 (NaFlex): built for the square grid of its num_patches position embeddings
+    vc2 = {**{k: x for k, x in vc.items() if k != "image_size"}, "num_patches": 64}
+    cfg2 = CLIPConfig.from_hf({"model_type": "siglip2", "text_config": tc, "vision_config": vc2})
+    assert cfg2.vision.image_size == 64
+    for bad_vc, match in [
+        ({**vc2, "num_patches": 60}, "num_patches .60. is not a square"),
+        ({**vc2, "vision_use_head": False}, "vision_use_head"),
+        ({**vc2, "hidden_act": "relu"}, "hidden_act='relu'"),
+        ({**vc2, "hidden_size": 96}, "projection_size .64. must equal the vision hidden_size"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            CLIPConfig.from_hf(
+                {"model_type": "siglip2", "text_config": tc, "vision_config": bad_vc}
+            )
 
 
 def test_invalid_values():
     with pytest.raises(ValueError, match="pool_type"):
         CLIPVisionConfig(pool_type="max")
+    with pytest.raises(ValueError, match="pool_type='tok' needs class_token"):
+        CLIPVisionConfig(class_token=False)
+    with pytest.raises(ValueError, match="vision proj_type"):
+        CLIPVisionConfig(proj_type="mlp")
+    with pytest.raises(ValueError, match="vision proj_type='none' needs vision width"):
+        CLIPConfig(embed_dim=256, vision=CLIPVisionConfig(proj_type="none"))
     with pytest.raises(ValueError, match="head_width"):
         CLIPVisionConfig(width=100, head_width=64)
     with pytest.raises(ValueError, match="divisible"):

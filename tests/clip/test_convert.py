@@ -47,6 +47,40 @@ def test_detect_format(ref, ours):
         detect_format({"encoder.weight": torch.zeros(1)})
     with pytest.raises(ValueError, match="ResNet"):
         detect_format({"visual.layer1.0.conv1.weight": torch.zeros(1)})
+    with pytest.raises(ValueError, match="ConvNeXt"):
+        detect_format({"visual.trunk.stem.0.weight": torch.zeros(1)})
+    # SigLIP: open_clip's timm tower; transformers' SiglipModel (its MAP head, text head)
+    z = torch.zeros(1)
+    siglip = {"visual.trunk.patch_embed.proj.weight": z, "text.positional_embedding": z}
+    assert detect_format(siglip) == "open_clip"
+    hf = {
+        "text_model.embeddings.token_embedding.weight": z,
+        "vision_model.post_layernorm.weight": z,
+    }
+    assert detect_format(hf) == "hf"
+    assert detect_format({**hf, "vision_model.head.probe": z}) == "hf_siglip"
+
+
+def test_siglip_converters_are_loud_and_invert(h):
+    """open_clip's timm-tower keys pass through by name; an unknown head is named; the
+    SigLIP layout survives to_open_clip -> convert_open_clip unchanged."""
+    from attn_clip import convert_hf_siglip
+
+    cfg = CLIPConfig.from_open_clip(open_clip.get_model_config("ViT-B-16-SigLIP"))
+    cfg.vision.layers = cfg.text.layers = 1
+    cfg.text.vocab_size = 64
+    with torch.device("meta"):
+        sd = CLIP(cfg).state_dict()
+    oc = to_open_clip(sd)
+    assert "visual.trunk.attn_pool.latent" in oc and "visual.trunk.patch_embed.proj.bias" in oc
+    assert "text_projection.bias" in oc and "visual.conv1.weight" not in oc
+    assert {k: v.shape for k, v in convert_open_clip(oc).items()} == {
+        k: v.shape for k, v in sd.items()
+    }
+    with pytest.raises(ValueError, match="no converter rule knows: visual.head.mlp.fc1.weight"):
+        convert_open_clip({**oc, "visual.head.mlp.fc1.weight": torch.zeros(1)})
+    with pytest.raises(ValueError, match="SiglipModel.*vision_model.head.extra"):
+        convert_hf_siglip({"vision_model.head.extra": torch.zeros(1)})
 
 
 def test_custom_text_layout_and_ddp_prefix_load(ref, ours, tiny_images, tiny_tokens):
@@ -149,20 +183,25 @@ def test_openai_torchscript_archive(h, tmp_path, tiny_images, tiny_tokens):
 
 @pytest.mark.slow
 def test_open_clip_meta_layout_matches_every_listed_model():
-    """Every buildable architecture has exactly open_clip's tensors (names and shapes)."""
+    """Every buildable architecture has exactly open_clip's tensors (names and shapes),
+    SigLIP / SigLIP2 (open_clip's CustomTextCLIP with a timm tower) included."""
     from attn_clip import get_model_config, list_models
 
-    seen = set()
+    seen, checked = set(), []
     for name in [n for n in list_models() if n in open_clip.list_models()]:
         cfg = open_clip.get_model_config(name)
         cfg.pop("quick_gelu", None)  # the activation does not change the tensors
         if (key := repr(sorted(cfg.items()))) in seen:
             continue
         seen.add(key)
+        oc_cfg = open_clip.get_model_config(name)
+        custom_text = oc_cfg.pop("custom_text", False)  # SigLIP: the text tower under text.
+        model_cls = open_clip.model.CustomTextCLIP if custom_text else open_clip.model.CLIP
         with torch.device("meta"):
-            ref = open_clip.model.CLIP(**open_clip.get_model_config(name))
-            ours = CLIP(get_model_config(name))
+            ref, ours = model_cls(**oc_cfg), CLIP(get_model_config(name))
         sd = fit_to_model(convert_open_clip(ref.state_dict()), ours.state_dict())
         assert {k: v.shape for k, v in sd.items()} == {
             k: v.shape for k, v in ours.state_dict().items()
         }, name
+        checked.append(name)
+    assert sum("SigLIP" in n for n in checked) >= 20, checked

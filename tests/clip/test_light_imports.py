@@ -32,3 +32,27 @@ def test_demo_path_imports_no_heavy_packages():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]", out.stdout
+
+
+SIGLIP = """
+import sys
+import attn_clip
+import torch
+
+attn_clip.get_pretrained_cfg("ViT-SO400M-14-SigLIP-384", "webli")
+small = {"vision": {"layers": 1}, "text": {"layers": 1, "vocab_size": 64}}
+model = attn_clip.create_model("ViT-B-16-SigLIP", **small)
+attn_clip.save_weights(model, PATH)
+model = attn_clip.create_model("ViT-B-16-SigLIP", pretrained=PATH, **small)
+model.encode_image(torch.randn(1, 3, 224, 224))
+print(sorted({h for h in HEAVY for m in sys.modules if m == h or m.startswith(h + ".")}))
+"""
+
+
+def test_siglip_from_a_local_file_imports_no_heavy_packages(tmp_path):
+    """A SigLIP (timm image tower in open_clip) is built from the shipped table: no timm."""
+    path = str(tmp_path / "siglip.safetensors")
+    code = f"HEAVY = {HEAVY!r}\nPATH = {path!r}\n{SIGLIP}"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]", out.stdout

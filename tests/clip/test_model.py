@@ -122,3 +122,31 @@ def test_low_precision_runs_close_to_fp32(h, tiny_images, tiny_tokens, dtype):
     assert out.image_embeds.dtype == dtype
     assert_close(out.image_embeds.float(), ref.image_embeds, atol=0.05, rtol=0.05)
     assert_close(out.text_embeds.float(), ref.text_embeds, atol=0.05, rtol=0.05)
+
+
+def test_siglip_towers_train_and_explain():
+    """A SigLIP-style CLIP (no class token, MAP head, no image projection, last-token text
+    pooling without causal mask): every parameter gets a gradient from the sigmoid loss, and
+    the relevancy heatmap (mean of the token rows) works without a class token."""
+    from dataclasses import replace
+
+    import attn_clip
+    from attn_clip import SigLipLoss, get_model_config
+
+    cfg = get_model_config("ViT-B-16-SigLIP")
+    v = replace(cfg.vision, image_size=32, patch_size=8, width=32, layers=2, head_width=16)
+    t = replace(cfg.text, width=32, heads=2, layers=2, context_length=12, vocab_size=64)
+    model = CLIP(replace(cfg, embed_dim=32, vision=v, text=t)).train()
+    images, tokens = torch.randn(4, 3, 32, 32), torch.randint(0, 64, (4, 12))
+    out = model(images, tokens)
+    SigLipLoss()(out.image_embeds, out.text_embeds, out.logit_scale, out.logit_bias).backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+    model.eval()
+    heat = attn_clip.image_relevancy(model, images[:2], torch.randn(32))
+    assert heat.shape == (2, 4, 4) and heat.amax() == 1
+    # an image size that is not a whole number of patches: the remainder is cut, as timm's
+    # patch convolution does (ViT-SO400M-14-SigLIP-384)
+    with torch.no_grad():
+        assert_close(model.encode_image(torch.nn.functional.pad(images, (0, 5, 0, 5))),
+                     model.encode_image(images))  # fmt: skip

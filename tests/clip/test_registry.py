@@ -30,8 +30,38 @@ def test_list_models_has_the_vit_clips_and_only_them():
     required |= {f"{n}-quickgelu" for n in ("ViT-B-32", "ViT-B-16", "ViT-L-14", "ViT-H-14")}
     assert required <= names
     assert names - {"demo-shapes"} <= set(open_clip.list_models())
-    for excluded in ("RN50", "coca_ViT-B-32", "ViT-B-16-SigLIP", "EVA02-B-16", "convnext_base"):
-        assert excluded not in names
+    excluded = ("RN50", "coca_ViT-B-32", "nllb-clip-base-siglip", "EVA02-B-16", "convnext_base")
+    for name in excluded:
+        assert name not in names
+
+
+def test_every_siglip_config_and_tag_with_a_timm_vit_tower():
+    """All of open_clip's SigLIP / SigLIP2 configs whose towers are a timm ViT + the SigLIP
+    text tower (26 configs, 26 tags; the NLLB ones have a Hugging Face text tower)."""
+    siglip = {n for n in open_clip.list_models() if "siglip" in n.lower()}
+    hf_text = {n for n in siglip if open_clip.get_model_config(n)["text_cfg"].get("hf_model_name")}
+    assert hf_text == {"nllb-clip-base-siglip", "nllb-clip-large-siglip"}
+    built = siglip & set(list_models())
+    assert built == siglip - hf_text and len(built) == 26
+    tags = [(n, t) for n, t in list_pretrained() if n in built]
+    assert len(tags) == 26 and all(t == "webli" for _, t in tags)
+    src = get_pretrained_cfg("ViT-SO400M-14-SigLIP-384", "webli")
+    assert src.hf_hub_id == "timm/ViT-SO400M-14-SigLIP-384"
+    pre = src.preprocess
+    assert (pre.size, pre.mean, pre.std, pre.resize_mode) == (384, (0.5,) * 3, (0.5,) * 3, "squash")
+
+
+def test_coverage_counts_what_is_listed(capsys):
+    assert registry.main(["--coverage"]) == 0
+    out = capsys.readouterr().out
+    n_models = len(list_models()) - len(registry.BUNDLED_MODELS)
+    n_tags = len(list_pretrained())
+    line = (
+        f"attn_clip builds {n_models} of {len(open_clip.list_models())} model configs and "
+        f"{n_tags} of {len(oc_pretrained.list_pretrained())} pretrained tags"
+    )
+    assert line in out, out
+    assert "SigLIP / SigLIP2: 26 of 28 configs, 26 of 30 tags" in out
     assert get_model_config("ViT-B-32-quickgelu").quick_gelu
     assert not get_model_config("ViT-B-32").quick_gelu
 

@@ -115,3 +115,105 @@ def test_additional_special_tokens_and_pickling():
     data = pickle.dumps(tok)
     assert len(data) < 1000  # the arguments, not the vocabulary
     assert torch.equal(pickle.loads(data)(texts), tok(texts))
+
+
+# -- Hugging Face tokenizers (SigLIP's sentencepiece, SigLIP2's Gemma) -----------------------
+
+SPM_TEXTS = [
+    "a photo of a dog",
+    "a cat sitting on a mat wearing a small red hat",
+    "the quick brown fox jumps over the lazy dog",
+    "a diagram of attention heads",
+] * 25
+
+
+@pytest.fixture(scope="module")
+def spm_model() -> bytes:
+    """A small sentencepiece unigram model trained here (T5 / SigLIP ids: pad 0, eos 1, unk 2)."""
+    import io
+
+    spm = pytest.importorskip("sentencepiece")
+    out = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(SPM_TEXTS), model_writer=out, vocab_size=40, model_type="unigram",
+        pad_id=0, eos_id=1, unk_id=2, bos_id=-1, minloglevel=2,
+    )  # fmt: skip
+    return out.getvalue()
+
+
+# SigLIP's timm/ViT-B-16-SigLIP ships spiece.model for a T5 tokenizer; SigLIP2's
+# tokenizer.model for Gemma's
+SPM_LAYOUTS = {
+    "siglip": ("spiece.model", "T5Tokenizer"),
+    "gemma": ("tokenizer.model", "GemmaTokenizer"),
+}
+
+
+def _spm_files(model: bytes, layout: str) -> dict[str, bytes]:
+    import json
+
+    vocab_file, cls = SPM_LAYOUTS[layout]
+    config = {"tokenizer_class": cls, "model_max_length": 64}
+    return {vocab_file: model, "tokenizer_config.json": json.dumps(config).encode()}
+
+
+@pytest.mark.parametrize("layout", list(SPM_LAYOUTS))
+@pytest.mark.parametrize("clean", ["canonicalize", "whitespace"])
+def test_hf_tokenizer_same_ids_as_open_clip(tmp_path, spm_model, layout, clean):
+    pytest.importorskip("transformers")
+    from attn_clip import HFTokenizer
+    from open_clip.tokenizer import HFTokenizer as OpenClipHFTokenizer
+
+    for name, data in _spm_files(spm_model, layout).items():
+        (tmp_path / name).write_bytes(data)
+    texts = [*SPM_TEXTS[:4], *TEXTS, *_random_texts(50)]
+    ours = HFTokenizer(tmp_path, context_length=16, clean=clean)
+    ref = OpenClipHFTokenizer(str(tmp_path), context_length=16, clean=clean)
+    ids = ours(texts)
+    assert ids.dtype == torch.long and ids.shape == (len(texts), 16)
+    assert torch.equal(ids, ref(texts))
+    assert torch.equal(ours(texts[0], context_length=64), ref(texts[0], context_length=64))
+    assert ours.decode(ours(["a photo of a dog"])[0]) == "a photo of a dog"
+    assert len(ours.encode("a photo of a dog")) > 1
+    assert torch.equal(pickle.loads(pickle.dumps(ours))(texts), ids)
+
+
+def test_siglip_tokenizer_from_the_hub_cache_and_offline_error(tmp_path, spm_model, fake_hub_cache):
+    """get_tokenizer("ViT-B-16-SigLIP") fetches its tokenizer repo through attn_core.hub: from
+    the cache with no network; missing and offline, the same fast error as weights."""
+    pytest.importorskip("transformers")
+    from attn_clip import HFTokenizer
+    from attn_core.hub import WeightsUnavailableError
+
+    with pytest.raises(WeightsUnavailableError) as err:
+        get_tokenizer("ViT-B-16-SigLIP", cache_dir=tmp_path / "empty", local_files_only=True)
+    msg = str(err.value)
+    assert "timm/ViT-B-16-SigLIP" in msg and "tokenizer_config.json" in msg
+    assert str(tmp_path / "empty") in msg
+
+    fake_hub_cache(tmp_path / "hub", "timm/ViT-B-16-SigLIP", _spm_files(spm_model, "siglip"))
+    tok = get_tokenizer("ViT-B-16-SigLIP", cache_dir=tmp_path / "hub", local_files_only=True)
+    assert isinstance(tok, HFTokenizer) and tok.context_length == 64 and tok.clean == "canonicalize"
+    ids = tok(["A photo of a dog.", "a cat"])
+    assert ids.shape == (2, 64) and ids[0, -1] == 0  # padded at the end (pooling takes the last)
+    # the vocabulary file is required too
+    fake_hub_cache(tmp_path / "hub2", "timm/ViT-B-16-SigLIP", {"tokenizer_config.json": b"{}"})
+    with pytest.raises(WeightsUnavailableError, match="spiece.model"):
+        get_tokenizer("ViT-B-16-SigLIP", cache_dir=tmp_path / "hub2", local_files_only=True)
+
+
+def test_hf_tokenizer_errors(tmp_path):
+    from attn_clip import CLIPConfig, HFTokenizer
+    from attn_core.hub import WeightsUnavailableError
+
+    with pytest.raises(ValueError, match="clean"):
+        HFTokenizer(tmp_path, clean="upper")
+    with pytest.raises(WeightsUnavailableError, match="tokenizer folder .*gone.* not found"):
+        HFTokenizer(tmp_path / "gone")  # e.g. a saved model whose tokenizer folder moved
+    cfg = CLIPConfig.from_open_clip(open_clip.get_model_config("ViT-B-16-SigLIP"))
+    cfg.text.tokenizer_kwargs = {"clean": "lower", "language": "fr"}
+    with pytest.raises(ValueError, match=r"tokenizer_kwargs \['language'\]"):
+        get_tokenizer(cfg)
+    cfg.text.hf_tokenizer_name = None  # a 32k vocabulary is not OpenAI's BPE
+    with pytest.raises(ValueError, match="32000 ids.*names no tokenizer"):
+        get_tokenizer(cfg)

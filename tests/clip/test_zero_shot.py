@@ -92,3 +92,14 @@ def test_evaluate_zero_shot_counts_top1_and_top5(h):
     m = evaluate_zero_shot(model, Tokenizer(20), batches, classes)
     assert m == {"top1": 0.4, "top5": 0.7, "n": 10}
     assert evaluate_zero_shot(model, Tokenizer(20), [], classes)["n"] == 0
+
+
+def test_match_probability_is_siglips_sigmoid(h):
+    from attn_clip import match_probability
+
+    cosine = torch.tensor([[0.9, 0.1], [-0.2, 0.3]])
+    clip = CLIP(CLIPConfig.from_open_clip(h.oc_cfg())).eval()
+    assert match_probability(clip, cosine) is None  # a softmax model: no absolute scale
+    siglip = CLIP(CLIPConfig.from_open_clip(h.oc_cfg(init_logit_bias=-10.0))).eval()
+    want = torch.sigmoid(siglip.logit_scale.exp() * cosine + siglip.logit_bias)
+    assert_close(match_probability(siglip, cosine), want.detach())

@@ -16,6 +16,7 @@ _EXPORTS = {
     "config": ["CLIPConfig", "CLIPTextConfig", "CLIPVisionConfig", "PreprocessConfig"],
     "convert": [
         "convert_hf_clip",
+        "convert_hf_siglip",
         "convert_open_clip",
         "detect_format",
         "to_open_clip",
@@ -60,7 +61,7 @@ _EXPORTS = {
         "save_index_set",
     ],
     "text": ["TextTransformer"],
-    "tokenizer": ["Tokenizer", "get_tokenizer"],
+    "tokenizer": ["HFTokenizer", "Tokenizer", "get_tokenizer"],
     "transforms": ["image_transform"],
     "vision": ["CLIPVisionTower"],
     "zero_shot": [
@@ -69,6 +70,7 @@ _EXPORTS = {
         "SIMPLE_TEMPLATES",
         "build_zero_shot_classifier",
         "evaluate_zero_shot",
+        "match_probability",
         "predict",
         "zero_shot_logits",
     ],
@@ -95,6 +97,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     from .config import CLIPConfig, CLIPTextConfig, CLIPVisionConfig, PreprocessConfig
     from .convert import (
         convert_hf_clip,
+        convert_hf_siglip,
         convert_open_clip,
         detect_format,
         to_open_clip,
@@ -138,7 +141,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
         save_index_set,
     )
     from .text import TextTransformer
-    from .tokenizer import Tokenizer, get_tokenizer
+    from .tokenizer import HFTokenizer, Tokenizer, get_tokenizer
     from .transforms import image_transform
     from .vision import CLIPVisionTower
     from .zero_shot import (
@@ -146,6 +149,8 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
         OPENAI_IMAGENET_TEMPLATES,
         SIMPLE_TEMPLATES,
         build_zero_shot_classifier,
+        evaluate_zero_shot,
+        match_probability,
         predict,
         zero_shot_logits,
     )

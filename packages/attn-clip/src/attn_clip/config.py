@@ -4,6 +4,14 @@ Field names follow open_clip's ``CLIPVisionCfg`` / ``CLIPTextCfg`` so its model 
 (``open_clip.get_model_config("ViT-B-32")``) read directly. ``CLIPConfig.from_open_clip``
 and ``CLIPConfig.from_hf`` refuse, with the offending keys named, any feature this
 package does not implement -- a model that silently dropped one would give wrong numbers.
+
+SigLIP / SigLIP2 image towers are timm ViTs in open_clip (``vision_cfg.timm_model_name``,
+e.g. ``vit_base_patch16_siglip_224``): no class token, a patch embedding with bias, no
+``ln_pre``, a MAP attention-pool head, no projection. The timm architecture behind each
+name is read from a table generated from timm (``timm_vit`` in ``open_clip_registry.json``),
+so building one never imports timm. A tower whose architecture differs from its timm
+name's (e.g. fewer layers) is written with a ``timm_model_args`` entry listing timm's
+keyword arguments in full (attn_clip's extension; open_clip itself refuses the key).
 """
 
 from __future__ import annotations
@@ -16,7 +24,8 @@ __all__ = ["CLIPConfig", "CLIPTextConfig", "CLIPVisionConfig", "PreprocessConfig
 
 OPENAI_DATASET_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_DATASET_STD = (0.26862954, 0.26130258, 0.27577711)
-ACTS = ("gelu", "quick_gelu")
+ACTS = ("gelu", "gelu_tanh", "quick_gelu")
+VISION_POOLS = ("tok", "avg", "map")
 
 
 @dataclass
@@ -31,16 +40,26 @@ class CLIPVisionConfig:
     mlp_ratio: float = 4.0  # MLP hidden width = int(width * mlp_ratio)
     ls_init_value: float | None = None  # LayerScale init; None = no layer scale
     no_ln_pre: bool = False  # drop the LayerNorm before the blocks (CLIPA)
-    pool_type: str = "tok"  # "tok" (class token) or "avg" (mean of patch tokens)
+    pool_type: str = "tok"  # "tok" (class token), "avg" (mean of patches), "map" (attention pool)
     final_ln_after_pool: bool = False  # ln_post after pooling instead of on every token
-    act: str = "gelu"  # MLP activation: "gelu" or "quick_gelu" (OpenAI's models)
+    act: str = "gelu"  # MLP activation: "gelu", "gelu_tanh" or "quick_gelu" (OpenAI's models)
     norm_eps: float = 1e-5  # LayerNorm epsilon
+    class_token: bool = True  # prepend a class token (SigLIP's towers have none)
+    patch_bias: bool = False  # bias in the patch embedding (SigLIP's timm towers)
+    proj_type: str = "linear"  # "linear" (bias-free projection) or "none" (embed_dim == width)
+    timm_model_name: str | None = None  # the timm ViT this tower is, as open_clip names it
 
     def __post_init__(self) -> None:
         if isinstance(self.image_size, list):
             self.image_size = tuple(self.image_size)
-        if self.pool_type not in ("tok", "avg"):
-            raise ValueError(f"vision pool_type must be 'tok' or 'avg', got {self.pool_type!r}")
+        if self.pool_type not in VISION_POOLS:
+            raise ValueError(
+                f"vision pool_type must be one of {VISION_POOLS}, got {self.pool_type!r}"
+            )
+        if self.pool_type == "tok" and not self.class_token:
+            raise ValueError("vision pool_type='tok' needs class_token=True")
+        if self.proj_type not in ("linear", "none"):
+            raise ValueError(f"vision proj_type must be 'linear' or 'none', got {self.proj_type!r}")
         if self.act not in ACTS:
             raise ValueError(f"vision act must be one of {ACTS}, got {self.act!r}")
         if self.width % self.head_width:
@@ -69,7 +88,7 @@ class CLIPTextConfig:
     causal: bool = True  # causal self-attention (open_clip's no_causal_mask inverted)
     proj_bias: bool = False  # bias in the output projection
     proj_type: str = "linear"  # "linear" or "none" (no projection: embed_dim must equal width)
-    act: str = "gelu"  # MLP activation: "gelu" or "quick_gelu"
+    act: str = "gelu"  # MLP activation: "gelu", "gelu_tanh" (SigLIP2) or "quick_gelu"
     norm_eps: float = 1e-5  # LayerNorm epsilon
     hf_tokenizer_name: str | None = None  # a Hugging Face tokenizer instead of OpenAI's BPE
     tokenizer_kwargs: dict[str, Any] | None = None  # extra tokenizer arguments from the config
@@ -118,7 +137,6 @@ _VISION_NOOP = {
     "attentional_pool": False,
     "pos_embed_type": "learnable",
     "output_tokens": False,
-    "act_kwargs": None,
     "block_type": (None, "default"),
     "qk_norm": False,
     "scaled_cosine_attn": False,
@@ -126,13 +144,11 @@ _VISION_NOOP = {
     "scale_attn_inner": False,
     "scale_attn": False,
     "scale_fc": False,
-    "timm_model_name": None,
 }
 _TEXT_NOOP = {
     "embed_cls": False,
     "final_ln_after_pool": False,
     "output_tokens": False,
-    "act_kwargs": None,
     "block_type": (None, "default"),
     "qk_norm": False,
     "scaled_cosine_attn": False,
@@ -145,6 +161,40 @@ _TEXT_NOOP = {
 }
 _TEXT_IGNORED = ("pad_id", "hf_model_pretrained", "hf_proj_type", "hf_pooler_type")
 _TOP_IGNORED = ("custom_text", "nonscalar_logit_scale")  # state-dict layout only
+# open_clip's own-ViT keys, which it ignores for a timm tower (and so do we)
+_OPEN_CLIP_VIT_KEYS = {
+    "layers", "width", "head_width", "mlp_ratio", "patch_size", "ls_init_value", "no_ln_pre",
+    "pool_type", "final_ln_after_pool", "act_kwargs", "norm_kwargs", "attn_pooler_queries",
+    "attn_pooler_heads", *_VISION_NOOP,
+}  # fmt: skip
+# timm-tower keys that do not change inference: the init of the timm weights, dropout
+# while training, the bias of a projection we refuse anyway ("linear")
+_TIMM_IGNORED = ("timm_model_pretrained", "timm_drop", "timm_drop_path", "timm_proj_bias")
+
+# timm ``VisionTransformer`` keyword arguments a timm tower may have, with timm's defaults;
+# the ones after ``act_layer`` must keep their default
+TIMM_VIT_DEFAULTS: dict[str, Any] = {
+    "img_size": 224,
+    "patch_size": 16,
+    "embed_dim": 768,
+    "depth": 12,
+    "num_heads": 12,
+    "mlp_ratio": 4.0,
+    "class_token": True,
+    "pre_norm": False,
+    "init_values": None,
+    "act_layer": None,  # None = GELU
+    "global_pool": "token",  # replaced by open_clip's timm_pool
+    "qkv_bias": True,
+    "final_norm": True,
+    "fc_norm": None,
+    "no_embed_class": False,
+}
+_TIMM_FIXED = ("qkv_bias", "final_norm", "fc_norm", "no_embed_class")
+_TIMM_ACTS = {None: "gelu", "gelu": "gelu", "gelu_tanh": "gelu_tanh", "quick_gelu": "quick_gelu"}
+_TIMM_POOLS = {"token": "tok", "avg": "avg", "map": "map"}
+# transformers ``hidden_act`` -> ours
+_HF_ACTS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "quick_gelu": "quick_gelu"}
 
 
 def _is_noop(value: Any, allowed: Any) -> bool:
@@ -156,6 +206,107 @@ def _norm_eps(cfg: dict[str, Any], where: str, bad: list[str]) -> float:
     if set(kwargs) - {"eps"}:
         bad.append(f"{where}.norm_kwargs={kwargs}")
     return float(kwargs.get("eps", 1e-5))
+
+
+def _act(act: str, cfg: dict[str, Any], where: str, bad: list[str]) -> str:
+    """open_clip's activation: QuickGELU or GELU, ``act_kwargs={"approximate": "tanh"}``."""
+    kwargs = cfg.pop("act_kwargs", None) or {}
+    if not kwargs or kwargs == {"approximate": "none"}:
+        return act
+    if kwargs == {"approximate": "tanh"} and act == "gelu":
+        return "gelu_tanh"
+    bad.append(f"{where}.act_kwargs={kwargs}")
+    return act
+
+
+def _act_kwargs(act: str) -> dict[str, str] | None:
+    return {"approximate": "tanh"} if act == "gelu_tanh" else None
+
+
+def _to_2tuple(x: Any) -> tuple[int, int]:
+    return tuple(x) if isinstance(x, (list, tuple)) else (x, x)
+
+
+def _shipped_timm_vit() -> dict[str, dict[str, Any]]:
+    from .registry import timm_vit_table  # (registry imports this module)
+
+    return timm_vit_table()
+
+
+def timm_vision_config(
+    name: str,
+    args: dict[str, Any],
+    image_size: Any,
+    timm_pool: str = "avg",
+    timm_proj: str | None = "linear",
+) -> CLIPVisionConfig:
+    """The :class:`CLIPVisionConfig` of open_clip's timm tower: timm ViT ``name`` built with
+    keyword arguments ``args``, pooled by ``timm_pool``, projected by ``timm_proj``.
+
+    Raises ``ValueError`` naming each argument attn_clip cannot build.
+    """
+    a = {**TIMM_VIT_DEFAULTS, **args}
+    bad = [f"{k}={v!r}" for k, v in args.items() if k not in TIMM_VIT_DEFAULTS]
+    bad += [f"{k}={a[k]!r}" for k in _TIMM_FIXED if a[k] != TIMM_VIT_DEFAULTS[k]]
+    if a["act_layer"] not in _TIMM_ACTS:
+        bad.append(f"act_layer={a['act_layer']!r}")
+    if _to_2tuple(a["img_size"]) != _to_2tuple(image_size):
+        bad.append(f"img_size={a['img_size']!r} (vision_cfg.image_size is {image_size!r})")
+    if timm_pool not in _TIMM_POOLS:
+        bad.append(f"timm_pool={timm_pool!r} (expected one of {list(_TIMM_POOLS)})")
+    if timm_proj != "none":
+        bad.append(f"timm_proj={timm_proj!r} (only 'none' is built)")
+    if bad:
+        raise ValueError(f"timm ViT {name!r} with {', '.join(bad)}")
+    pool = _TIMM_POOLS[timm_pool]
+    return CLIPVisionConfig(
+        image_size=image_size,
+        patch_size=a["patch_size"],
+        width=a["embed_dim"],
+        layers=a["depth"],
+        head_width=a["embed_dim"] // a["num_heads"],
+        mlp_ratio=a["mlp_ratio"],
+        ls_init_value=a["init_values"],
+        no_ln_pre=not a["pre_norm"],
+        pool_type=pool,
+        final_ln_after_pool=pool == "avg",  # timm: fc_norm=None means "after pooling" for avg
+        act=_TIMM_ACTS[a["act_layer"]],
+        norm_eps=1e-6,
+        class_token=a["class_token"],
+        patch_bias=not a["pre_norm"],
+        proj_type="none",
+        timm_model_name=name,
+    )
+
+
+def timm_vit_args(v: CLIPVisionConfig) -> dict[str, Any]:
+    """timm ``VisionTransformer`` keyword arguments of a timm tower (inverse of
+    :func:`timm_vision_config`); ``ValueError`` if timm's ViT cannot express ``v``."""
+    pool = {p: t for t, p in _TIMM_POOLS.items()}[v.pool_type]
+    bad = []
+    if v.norm_eps != 1e-6:
+        bad.append(f"norm_eps={v.norm_eps} (timm's is 1e-6)")
+    if v.patch_bias != v.no_ln_pre:
+        bad.append(f"patch_bias={v.patch_bias} with no_ln_pre={v.no_ln_pre}")
+    if v.final_ln_after_pool != (v.pool_type == "avg"):
+        bad.append(f"final_ln_after_pool={v.final_ln_after_pool} with pool_type={v.pool_type!r}")
+    if v.proj_type != "none":
+        bad.append(f"proj_type={v.proj_type!r}")
+    if bad:
+        raise ValueError(f"vision tower {v.timm_model_name!r} is not a timm ViT: {', '.join(bad)}")
+    return {
+        "img_size": list(_to_2tuple(v.image_size)),
+        "patch_size": v.patch_size,
+        "embed_dim": v.width,
+        "depth": v.layers,
+        "num_heads": v.heads,
+        "mlp_ratio": v.mlp_ratio,
+        "class_token": v.class_token,
+        "pre_norm": not v.no_ln_pre,
+        "init_values": v.ls_init_value,
+        "act_layer": v.act,
+        "global_pool": pool,
+    }
 
 
 @dataclass
@@ -173,22 +324,28 @@ class CLIPConfig:
             self.vision = CLIPVisionConfig(**self.vision)
         if isinstance(self.text, dict):
             self.text = CLIPTextConfig(**self.text)
-        if self.text.proj_type == "none" and self.text.width != self.embed_dim:
-            raise ValueError(
-                f"text proj_type='none' needs text width ({self.text.width}) == embed_dim "
-                f"({self.embed_dim})"
-            )
+        for name, tower in (("text", self.text), ("vision", self.vision)):
+            if tower.proj_type == "none" and tower.width != self.embed_dim:
+                raise ValueError(
+                    f"{name} proj_type='none' needs {name} width ({tower.width}) == embed_dim "
+                    f"({self.embed_dim})"
+                )
 
     @property
     def quick_gelu(self) -> bool:
-        """True when both towers use QuickGELU (OpenAI-trained weights)."""
-        return self.vision.act == "quick_gelu" and self.text.act == "quick_gelu"
+        """True when the towers use QuickGELU (OpenAI-trained weights). A timm image tower
+        has its own activation, as in open_clip: there the text tower's counts."""
+        v = self.vision
+        return self.text.act == "quick_gelu" and (bool(v.timm_model_name) or v.act == "quick_gelu")
 
     def with_act(self, quick_gelu: bool) -> CLIPConfig:
-        """A copy with both towers' activation set to QuickGELU (True) or GELU (False)."""
+        """A copy with the towers' activation set to QuickGELU (True) or GELU (False) (a
+        timm image tower keeps its own, as open_clip's ``quick_gelu`` flag does)."""
         act = "quick_gelu" if quick_gelu else "gelu"
         d = self.to_dict()
-        d["vision"]["act"] = d["text"]["act"] = act
+        d["text"]["act"] = act
+        if not self.vision.timm_model_name:
+            d["vision"]["act"] = act
         return CLIPConfig.from_dict(d)
 
     def to_dict(self) -> dict[str, Any]:
@@ -206,11 +363,15 @@ class CLIPConfig:
         return cls(**{**d, "vision": dict(d["vision"]), "text": dict(d["text"])})
 
     @classmethod
-    def from_open_clip(cls, cfg: dict[str, Any]) -> CLIPConfig:
+    def from_open_clip(
+        cls, cfg: dict[str, Any], timm_vit: dict[str, dict[str, Any]] | None = None
+    ) -> CLIPConfig:
         """Build from an open_clip model config dict (``open_clip.get_model_config(name)``).
 
-        Raises ``ValueError`` naming every key that asks for a feature not built here
-        (timm / Hugging Face towers, ResNets, attentional pooling, CoCa, ...).
+        ``timm_vit``: timm ViT name -> keyword arguments, for timm towers (default: the
+        table shipped with attn_clip). Raises ``ValueError`` naming every key that asks for
+        a feature not built here (Hugging Face text towers, ResNets, attentional pooling,
+        CoCa, timm towers other than plain ViTs, ...).
         """
         cfg = {k: v for k, v in cfg.items()}
         vcfg, tcfg = dict(cfg.pop("vision_cfg")), dict(cfg.pop("text_cfg"))
@@ -223,14 +384,35 @@ class CLIPConfig:
             cfg.pop(key, None)
         bad += [f"{k}={v!r}" for k, v in cfg.items()]  # multimodal_cfg (CoCa) and the like
 
-        for k, allowed in _VISION_NOOP.items():
-            if k in vcfg and not _is_noop(vcfg.pop(k), allowed):
-                bad.append(f"vision_cfg.{k}")
-        if isinstance(vcfg.get("layers"), (list, tuple)):
-            bad.append("vision_cfg.layers (ResNet tower)")
-            vcfg.pop("layers")
-        vcfg = {k: v for k, v in vcfg.items() if not k.startswith("timm_")}
-        v_eps = _norm_eps(vcfg, "vision_cfg", bad)
+        vision = None
+        timm_name = vcfg.pop("timm_model_name", None)
+        if timm_name:  # a timm tower: its architecture comes from timm, not from vision_cfg
+            table = _shipped_timm_vit() if timm_vit is None else timm_vit
+            args = vcfg.pop("timm_model_args", None) or table.get(timm_name)
+            for k in _TIMM_IGNORED:
+                vcfg.pop(k, None)
+            pool, proj = vcfg.pop("timm_pool", "avg"), vcfg.pop("timm_proj", "linear")
+            image_size = vcfg.pop("image_size", 224)
+            bad += [f"vision_cfg.{k}" for k in vcfg if k not in _OPEN_CLIP_VIT_KEYS]
+            if args is None:
+                bad.append(f"vision_cfg.timm_model_name={timm_name!r} (not a plain timm ViT)")
+            else:
+                try:
+                    vision = timm_vision_config(timm_name, args, image_size, pool, proj)
+                except ValueError as e:
+                    bad.append(f"vision_cfg.timm_model_name={timm_name!r} ({e})")
+        else:
+            for k, allowed in _VISION_NOOP.items():
+                if k in vcfg and not _is_noop(vcfg.pop(k), allowed):
+                    bad.append(f"vision_cfg.{k}")
+            if isinstance(vcfg.get("layers"), (list, tuple)):
+                bad.append("vision_cfg.layers (ResNet tower)")
+                vcfg.pop("layers")
+            vcfg = {k: v for k, v in vcfg.items() if not k.startswith("timm_")}
+            v_eps = _norm_eps(vcfg, "vision_cfg", bad)
+            v_act = _act(act, vcfg, "vision_cfg", bad)
+            known_v = {f.name for f in fields(CLIPVisionConfig)} - {"act", "norm_eps"}
+            bad += [f"vision_cfg.{k}" for k in vcfg if k not in known_v]
 
         for k, allowed in _TEXT_NOOP.items():
             if k in tcfg and not _is_noop(tcfg.pop(k), allowed):
@@ -238,42 +420,84 @@ class CLIPConfig:
         for k in _TEXT_IGNORED:
             tcfg.pop(k, None)
         t_eps = _norm_eps(tcfg, "text_cfg", bad)
+        t_act = _act(act, tcfg, "text_cfg", bad)
         tcfg["causal"] = not tcfg.pop("no_causal_mask", False)
-
-        known_v = {f.name for f in fields(CLIPVisionConfig)}
-        known_t = {f.name for f in fields(CLIPTextConfig)}
-        bad += [f"vision_cfg.{k}" for k in vcfg if k not in known_v]
+        known_t = {f.name for f in fields(CLIPTextConfig)} - {"act", "norm_eps"}
         bad += [f"text_cfg.{k}" for k in tcfg if k not in known_t]
         if bad:
             raise ValueError(
                 "open_clip config uses features attn_clip does not implement: " + ", ".join(bad)
             )
+        if vision is None:
+            vision = CLIPVisionConfig(**vcfg, act=v_act, norm_eps=v_eps)
         return cls(
             embed_dim=embed_dim,
-            vision=CLIPVisionConfig(**vcfg, act=act, norm_eps=v_eps),
-            text=CLIPTextConfig(**tcfg, act=act, norm_eps=t_eps),
+            vision=vision,
+            text=CLIPTextConfig(**tcfg, act=t_act, norm_eps=t_eps),
             init_logit_scale=init_logit_scale,
             init_logit_bias=init_logit_bias,
         )
 
+    def _timm_vision_cfg(self) -> dict[str, Any]:
+        """open_clip's ``vision_cfg`` of a timm tower; ``timm_model_args`` when the tower is
+        not exactly its timm name's architecture."""
+        v = self.vision
+        args = timm_vit_args(v)  # raises if timm cannot express it
+        image_size = list(v.image_size) if isinstance(v.image_size, tuple) else v.image_size
+        out = {
+            "image_size": image_size,
+            "timm_model_name": v.timm_model_name,
+            "timm_model_pretrained": False,
+            "timm_pool": args["global_pool"],
+            "timm_proj": "none",
+        }
+        preset = _shipped_timm_vit().get(v.timm_model_name)
+        try:
+            same = (
+                preset is not None
+                and timm_vision_config(
+                    v.timm_model_name, preset, v.image_size, out["timm_pool"], "none"
+                )
+                == v
+            )
+        except ValueError:
+            same = False
+        if not same:
+            out["timm_model_args"] = {k: a for k, a in args.items() if k != "global_pool"}
+        return out
+
     def to_open_clip(self) -> dict[str, Any]:
         """The open_clip model config dict for this architecture (inverse of ``from_open_clip``)."""
         v, t = self.vision, self.text
-        if v.act != t.act:
-            raise ValueError("open_clip configs have one activation for both towers")
-        vision_cfg = {
-            "image_size": list(v.image_size) if isinstance(v.image_size, tuple) else v.image_size,
-            "patch_size": v.patch_size,
-            "width": v.width,
-            "layers": v.layers,
-            "head_width": v.head_width,
-            "mlp_ratio": v.mlp_ratio,
-            "ls_init_value": v.ls_init_value,
-            "no_ln_pre": v.no_ln_pre,
-            "pool_type": v.pool_type,
-            "final_ln_after_pool": v.final_ln_after_pool,
-            "norm_kwargs": {"eps": v.norm_eps},
-        }
+        quick = t.act == "quick_gelu"
+        if not v.timm_model_name and (v.act == "quick_gelu") != quick:
+            raise ValueError("open_clip configs have one QuickGELU flag for both towers")
+        if v.timm_model_name:
+            vision_cfg = self._timm_vision_cfg()
+        else:
+            vision_cfg = {
+                "image_size": (
+                    list(v.image_size) if isinstance(v.image_size, tuple) else v.image_size
+                ),
+                "patch_size": v.patch_size,
+                "width": v.width,
+                "layers": v.layers,
+                "head_width": v.head_width,
+                "mlp_ratio": v.mlp_ratio,
+                "ls_init_value": v.ls_init_value,
+                "no_ln_pre": v.no_ln_pre,
+                "pool_type": v.pool_type,
+                "final_ln_after_pool": v.final_ln_after_pool,
+                "norm_kwargs": {"eps": v.norm_eps},
+            }
+            if _act_kwargs(v.act):
+                vision_cfg["act_kwargs"] = _act_kwargs(v.act)
+            # attn_clip's own (SigLIP-style towers from transformers): open_clip refuses them
+            for name, default in (("class_token", True), ("patch_bias", False)):
+                if getattr(v, name) != default:
+                    vision_cfg[name] = getattr(v, name)
+            if v.proj_type != "linear":
+                vision_cfg["proj_type"] = v.proj_type
         text_cfg = {
             "context_length": t.context_length,
             "vocab_size": t.vocab_size,
@@ -289,13 +513,15 @@ class CLIPConfig:
             "proj_type": t.proj_type,
             "norm_kwargs": {"eps": t.norm_eps},
         }
+        if _act_kwargs(t.act):
+            text_cfg["act_kwargs"] = _act_kwargs(t.act)
         if t.hf_tokenizer_name:
             text_cfg["hf_tokenizer_name"] = t.hf_tokenizer_name
         if t.tokenizer_kwargs:
             text_cfg["tokenizer_kwargs"] = dict(t.tokenizer_kwargs)
         out: dict[str, Any] = {
             "embed_dim": self.embed_dim,
-            "quick_gelu": v.act == "quick_gelu",
+            "quick_gelu": quick,
             "vision_cfg": vision_cfg,
             "text_cfg": text_cfg,
             "init_logit_scale": self.init_logit_scale,
@@ -306,29 +532,20 @@ class CLIPConfig:
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> CLIPConfig:
-        """Build from a transformers ``CLIPConfig`` (the ``config.json`` of ``save_pretrained``).
+        """Build from a transformers ``CLIPConfig``, ``SiglipConfig`` or ``Siglip2Config``
+        (the ``config.json`` of ``save_pretrained``).
 
         Takes the plain dict, so reading a checkpoint does not need transformers.
         """
-        if cfg.get("model_type", "clip") != "clip":
+        model_type = cfg.get("model_type", "clip")
+        if model_type in ("siglip", "siglip2"):
+            return cls._from_hf_siglip(cfg, model_type)
+        if model_type != "clip":
             raise ValueError(
-                f"expected a CLIP config (model_type 'clip'), got {cfg['model_type']!r}"
+                f"expected a transformers CLIP, SigLIP or SigLIP2 config (model_type 'clip', "
+                f"'siglip' or 'siglip2'), got {model_type!r}"
             )
         tc, vc = cfg.get("text_config") or {}, cfg.get("vision_config") or {}
-
-        def act(c: dict[str, Any], where: str) -> str:
-            name = c.get("hidden_act", "quick_gelu")
-            if name not in ACTS:
-                raise ValueError(f"{where}.hidden_act={name!r} is not supported; expected {ACTS}")
-            return name
-
-        def ratio(c: dict[str, Any], width: int, default: int) -> float:
-            hidden = c.get("intermediate_size", default)
-            r = hidden / width
-            if int(width * r) != hidden:
-                raise ValueError(f"intermediate_size {hidden} is not int(width * ratio)")
-            return r
-
         t_width = tc.get("hidden_size", 512)
         v_width = vc.get("hidden_size", 768)
         v_heads = vc.get("num_attention_heads", 12)
@@ -343,8 +560,8 @@ class CLIPConfig:
                 width=v_width,
                 layers=vc.get("num_hidden_layers", 12),
                 head_width=v_width // v_heads,
-                mlp_ratio=ratio(vc, v_width, 3072),
-                act=act(vc, "vision_config"),
+                mlp_ratio=_hf_ratio(vc, v_width, 3072),
+                act=_hf_act(vc, "vision_config", "quick_gelu"),
                 norm_eps=vc.get("layer_norm_eps", 1e-5),
             ),
             text=CLIPTextConfig(
@@ -353,12 +570,100 @@ class CLIPConfig:
                 width=t_width,
                 heads=tc.get("num_attention_heads", 8),
                 layers=tc.get("num_hidden_layers", 12),
-                mlp_ratio=ratio(tc, t_width, 2048),
+                mlp_ratio=_hf_ratio(tc, t_width, 2048),
                 # transformers: eos_token_id == 2 is the legacy "argmax" pooling
                 pool_type="argmax" if eos == 2 else "eos",
                 eos_id=eos,
-                act=act(tc, "text_config"),
+                act=_hf_act(tc, "text_config", "quick_gelu"),
                 norm_eps=tc.get("layer_norm_eps", 1e-5),
             ),
             init_logit_scale=cfg.get("logit_scale_init_value", 2.6592),
         )
+
+    @classmethod
+    def _from_hf_siglip(cls, cfg: dict[str, Any], model_type: str) -> CLIPConfig:
+        """transformers ``SiglipModel`` / ``Siglip2Model``: a ViT without class token or
+        ``ln_pre`` pooled by a MAP head (its output is the image embedding), and a
+        bidirectional text tower pooled at the last position with a biased ``head``.
+
+        SigLIP2's NaFlex image tower takes any patch grid, its ``num_patches`` position
+        embeddings resized to each image's; here it is built for the square grid those
+        embeddings are laid out for (``sqrt(num_patches) * patch_size`` pixels a side),
+        where the resize is the identity.
+        """
+        tc, vc = cfg.get("text_config") or {}, cfg.get("vision_config") or {}
+        if not vc.get("vision_use_head", True):
+            raise ValueError("vision_config.vision_use_head=False is not supported (no MAP head)")
+        if vc.get("num_channels", 3) != 3:
+            raise ValueError(f"vision_config.num_channels must be 3, got {vc['num_channels']}")
+        t_width, v_width = tc.get("hidden_size", 768), vc.get("hidden_size", 768)
+        embed_dim = tc.get("projection_size") or t_width
+        if embed_dim != v_width:
+            raise ValueError(
+                f"text_config.projection_size ({embed_dim}) must equal the vision hidden_size "
+                f"({v_width}): the MAP head's output is the image embedding"
+            )
+        v_heads = vc.get("num_attention_heads", 12)
+        if v_width % v_heads:
+            raise ValueError(f"vision hidden_size {v_width} not divisible by {v_heads} heads")
+        patch = vc.get("patch_size", 16)
+        if isinstance(patch, (list, tuple)):
+            if len(set(patch)) != 1:
+                raise ValueError(f"vision_config.patch_size must be square, got {patch}")
+            patch = patch[0]
+        if model_type == "siglip2":
+            num_patches = vc.get("num_patches", 256)
+            side = math.isqrt(num_patches)
+            if side * side != num_patches:
+                raise ValueError(f"vision_config.num_patches ({num_patches}) is not a square grid")
+            image_size = side * patch
+        else:
+            image_size = vc.get("image_size", 224)
+        return cls(
+            embed_dim=embed_dim,
+            vision=CLIPVisionConfig(
+                image_size=image_size,
+                patch_size=patch,
+                width=v_width,
+                layers=vc.get("num_hidden_layers", 12),
+                head_width=v_width // v_heads,
+                mlp_ratio=_hf_ratio(vc, v_width, 3072),
+                no_ln_pre=True,
+                pool_type="map",
+                act=_hf_act(vc, "vision_config", "gelu_pytorch_tanh"),
+                norm_eps=vc.get("layer_norm_eps", 1e-6),
+                class_token=False,
+                patch_bias=True,
+                proj_type="none",
+            ),
+            text=CLIPTextConfig(
+                context_length=tc.get("max_position_embeddings", 64),
+                vocab_size=tc.get("vocab_size", 32000),
+                width=t_width,
+                heads=tc.get("num_attention_heads", 12),
+                layers=tc.get("num_hidden_layers", 12),
+                mlp_ratio=_hf_ratio(tc, t_width, 3072),
+                pool_type="last",
+                causal=False,
+                proj_bias=True,
+                act=_hf_act(tc, "text_config", "gelu_pytorch_tanh"),
+                norm_eps=tc.get("layer_norm_eps", 1e-6),
+            ),
+            init_logit_scale=math.log(10.0),  # SigLIP's init (the weights bring their own)
+            init_logit_bias=-10.0,
+        )
+
+
+def _hf_act(c: dict[str, Any], where: str, default: str) -> str:
+    name = c.get("hidden_act", default)
+    if name not in _HF_ACTS:
+        raise ValueError(f"{where}.hidden_act={name!r} is not supported; expected {list(_HF_ACTS)}")
+    return _HF_ACTS[name]
+
+
+def _hf_ratio(c: dict[str, Any], width: int, default: int) -> float:
+    hidden = c.get("intermediate_size", default)
+    r = hidden / width
+    if int(width * r) != hidden:
+        raise ValueError(f"intermediate_size {hidden} is not int(width * ratio)")
+    return r

@@ -4,10 +4,13 @@ Sources (detected from tell-tale keys by :func:`detect_format`):
 
 * ``open_clip``  -- open_clip ``CLIP`` / OpenAI CLIP (``visual.conv1.weight``,
   ``transformer.resblocks.0.attn.in_proj_weight``, ``text_projection``, ...). Also what
-  OpenAI's TorchScript ``.pt`` archives hold once their ``state_dict()`` is taken, and
-  open_clip's ``CustomTextCLIP`` layout (the same keys under ``text.``).
+  OpenAI's TorchScript ``.pt`` archives hold once their ``state_dict()`` is taken,
+  open_clip's ``CustomTextCLIP`` layout (the same keys under ``text.``), and its timm
+  image towers (SigLIP: ``visual.trunk.*``, timm's names, which are ours).
 * ``hf``         -- transformers ``CLIPModel`` (``text_model.*``, ``vision_model.*``,
   separate ``q_proj`` / ``k_proj`` / ``v_proj`` that are fused into one ``qkv``).
+* ``hf_siglip``  -- transformers ``SiglipModel`` / ``Siglip2Model`` (the same, plus
+  ``vision_model.head.*``, the MAP head, and ``text_model.head``, the text projection).
 * ``attn_clip``  -- our own names (``visual.trunk.*``, ``text.blocks.*``): identity.
 
 Every converter consumes each input key exactly once; a key no rule knows raises
@@ -17,12 +20,14 @@ model: missing / unexpected keys, shapes, dtypes and non-finite values in one er
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 
 import torch
 
 __all__ = [
     "convert_hf_clip",
+    "convert_hf_siglip",
     "convert_open_clip",
     "detect_format",
     "fit_to_model",
@@ -76,7 +81,8 @@ def _strip_prefixes(sd: Mapping[str, torch.Tensor]) -> StateDict:
 
 
 def detect_format(sd: Mapping[str, torch.Tensor]) -> str:
-    """``"open_clip"``, ``"hf"`` or ``"attn_clip"`` from the keys; ``ValueError`` otherwise."""
+    """``"open_clip"``, ``"hf"``, ``"hf_siglip"`` or ``"attn_clip"`` from the keys;
+    ``ValueError`` otherwise."""
     keys = set(_strip_prefixes(sd))
     if any(k.startswith("visual.trunk.") for k in keys) and any(
         k.startswith("text.blocks.") for k in keys
@@ -85,14 +91,14 @@ def detect_format(sd: Mapping[str, torch.Tensor]) -> str:
     if any(k.startswith("text_model.") for k in keys) and any(
         k.startswith("vision_model.") for k in keys
     ):
-        return "hf"
-    if "visual.conv1.weight" in keys and (
-        "positional_embedding" in keys or "text.positional_embedding" in keys
-    ):
+        siglip = "vision_model.head.probe" in keys or "text_model.head.weight" in keys
+        return "hf_siglip" if siglip else "hf"
+    text = "positional_embedding" in keys or "text.positional_embedding" in keys
+    if text and ("visual.conv1.weight" in keys or "visual.trunk.patch_embed.proj.weight" in keys):
         return "open_clip"
     if "visual.layer1.0.conv1.weight" in keys or "visual.trunk.stem.0.weight" in keys:
         raise ValueError(
-            "this is a ResNet / timm-tower CLIP checkpoint; attn_clip builds ViT CLIPs"
+            "this is a ResNet / ConvNeXt-tower CLIP checkpoint; attn_clip builds ViT CLIPs"
         )
     sample = sorted(keys)[:8]
     raise ValueError(
@@ -112,6 +118,11 @@ class _Consumer:
         if src in self.sd:
             t = self.sd.pop(src)
             self.out[dst] = fn(t) if fn is not None else t
+
+    def prefix(self, src: str, dst: str) -> None:
+        """Rename every ``{src}*`` key to ``{dst}*`` (the model's strict load checks them)."""
+        for key in [k for k in self.sd if k.startswith(src)]:
+            self.out[dst + key[len(src) :]] = self.sd.pop(key)
 
     def blocks(self, prefix: str, dst_prefix: str, names: Mapping[str, str]) -> None:
         """Rename ``{prefix}{i}.{name}`` to ``{dst_prefix}{i}.{names[name]}``."""
@@ -164,6 +175,9 @@ def convert_open_clip(sd: Mapping[str, torch.Tensor]) -> StateDict:
     c.move("visual.ln_post.weight", v + "norm.weight")
     c.move("visual.ln_post.bias", v + "norm.bias")
     c.move("visual.proj", "visual.proj.weight", _transpose)
+    # a timm tower (SigLIP): timm's names are attn_vision's, the MAP head included
+    c.prefix("visual.trunk.", v)
+    c.move("visual.head.proj.weight", "visual.proj.weight")  # open_clip's timm_proj="linear"
     # temperature / bias: open_clip may store them as (1,) tensors
     c.move("logit_scale", "logit_scale", lambda t: t.reshape(()))
     c.move("logit_bias", "logit_bias", lambda t: t.reshape(()))
@@ -172,10 +186,8 @@ def convert_open_clip(sd: Mapping[str, torch.Tensor]) -> StateDict:
     return c.finish(ignore=("input_resolution", "context_length", "vocab_size", "attn_mask"))
 
 
-def convert_hf_clip(sd: Mapping[str, torch.Tensor]) -> StateDict:
-    """transformers ``CLIPModel`` state dict -> attn_clip state dict (q/k/v fused into qkv)."""
-    sd = _strip_prefixes(sd)
-    c = _Consumer(sd, "transformers CLIPModel")
+def _hf_blocks(c: _Consumer) -> None:
+    """Both towers' encoder layers, q / k / v fused into one ``qkv``."""
     for tower, dst in (("text_model", "text.blocks."), ("vision_model", "visual.trunk.blocks.")):
         prefix = f"{tower}.encoder.layers."
         idxs = sorted({int(k[len(prefix) :].split(".")[0]) for k in c.sd if k.startswith(prefix)})
@@ -187,11 +199,22 @@ def convert_hf_clip(sd: Mapping[str, torch.Tensor]) -> StateDict:
                     fused = torch.cat([c.sd.pop(k) for k in parts], dim=0)
                     c.out[f"{dst}{i}.attn.qkv.{kind}"] = fused
         c.blocks(prefix, dst, _HF_BLOCK)
-    t, v = "text_model.", "vision_model."
+
+
+def _hf_text(c: _Consumer) -> None:
+    t = "text_model."
     c.move(t + "embeddings.token_embedding.weight", "text.token_embedding.weight")
     c.move(t + "embeddings.position_embedding.weight", "text.positional_embedding")
     c.move(t + "final_layer_norm.weight", "text.ln_final.weight")
     c.move(t + "final_layer_norm.bias", "text.ln_final.bias")
+
+
+def convert_hf_clip(sd: Mapping[str, torch.Tensor]) -> StateDict:
+    """transformers ``CLIPModel`` state dict -> attn_clip state dict (q/k/v fused into qkv)."""
+    c = _Consumer(_strip_prefixes(sd), "transformers CLIPModel")
+    _hf_blocks(c)
+    _hf_text(c)
+    t, v = "text_model.", "vision_model."
     c.move("text_projection.weight", "text.proj.weight")
     vt = "visual.trunk."
     c.move(v + "embeddings.class_embedding", vt + "cls_token", lambda x: x.reshape(1, 1, -1))
@@ -206,16 +229,68 @@ def convert_hf_clip(sd: Mapping[str, torch.Tensor]) -> StateDict:
     return c.finish(ignore=(t + "embeddings.position_ids", v + "embeddings.position_ids"))
 
 
+def _linear_patches(w: torch.Tensor) -> torch.Tensor:
+    """SigLIP2's patch ``Linear`` ``(D, p*p*C)`` (patches flattened row, column, channel)
+    -> the equivalent ``Conv2d`` weight ``(D, C, p, p)``; a conv weight is kept."""
+    if w.ndim == 4:
+        return w
+    p = math.isqrt(w.shape[1] // 3)
+    if 3 * p * p != w.shape[1]:
+        raise ValueError(f"patch_embedding.weight {tuple(w.shape)} is not (D, p * p * 3)")
+    return w.reshape(w.shape[0], p, p, 3).permute(0, 3, 1, 2).contiguous()
+
+
+def convert_hf_siglip(sd: Mapping[str, torch.Tensor]) -> StateDict:
+    """transformers ``SiglipModel`` / ``Siglip2Model`` state dict -> attn_clip state dict.
+
+    The MAP head's ``nn.MultiheadAttention`` (``in_proj`` = q, k, v stacked) becomes timm's
+    ``attn_pool.q`` + ``attn_pool.kv``; SigLIP2's patch ``Linear`` becomes a convolution.
+    """
+    c = _Consumer(_strip_prefixes(sd), "transformers SiglipModel")
+    _hf_blocks(c)
+    _hf_text(c)
+    t, v, vt = "text_model.", "vision_model.", "visual.trunk."
+    c.move(t + "head.weight", "text.proj.weight")
+    c.move(t + "head.bias", "text.proj.bias")
+    c.move(v + "embeddings.patch_embedding.weight", vt + "patch_embed.proj.weight", _linear_patches)
+    c.move(v + "embeddings.patch_embedding.bias", vt + "patch_embed.proj.bias")
+    c.move(v + "embeddings.position_embedding.weight", vt + "pos_embed", _pos_2d)
+    c.move(v + "post_layernorm.weight", vt + "norm.weight")
+    c.move(v + "post_layernorm.bias", vt + "norm.bias")
+    h, ap = v + "head.", vt + "attn_pool."
+    c.move(h + "probe", ap + "latent")
+    for kind in ("weight", "bias"):
+        key = f"{h}attention.in_proj_{kind}"
+        if key in c.sd:
+            qkv = c.sd.pop(key)
+            dim = qkv.shape[0] // 3
+            c.out[f"{ap}q.{kind}"], c.out[f"{ap}kv.{kind}"] = qkv[:dim], qkv[dim:]
+        c.move(f"{h}attention.out_proj.{kind}", f"{ap}proj.{kind}")
+        c.move(f"{h}layernorm.{kind}", f"{ap}norm.{kind}")
+        for fc in ("fc1", "fc2"):
+            c.move(f"{h}mlp.{fc}.{kind}", f"{ap}mlp.{fc}.{kind}")
+    c.move("logit_scale", "logit_scale", lambda x: x.reshape(()))
+    c.move("logit_bias", "logit_bias", lambda x: x.reshape(()))
+    return c.finish(ignore=(t + "embeddings.position_ids", v + "embeddings.position_ids"))
+
+
+_CONVERTERS = {
+    "open_clip": convert_open_clip,
+    "hf": convert_hf_clip,
+    "hf_siglip": convert_hf_siglip,
+}
+
+
 def to_attn_clip(sd: Mapping[str, torch.Tensor], fmt: str | None = None) -> StateDict:
     """Convert any supported state dict (format detected unless ``fmt`` is given)."""
     fmt = fmt or detect_format(sd)
-    if fmt == "open_clip":
-        return convert_open_clip(sd)
-    if fmt == "hf":
-        return convert_hf_clip(sd)
     if fmt == "attn_clip":
         return _strip_prefixes(sd)
-    raise ValueError(f"unknown checkpoint format {fmt!r}; expected open_clip, hf or attn_clip")
+    if fmt not in _CONVERTERS:
+        raise ValueError(
+            f"unknown checkpoint format {fmt!r}; expected one of {[*_CONVERTERS, 'attn_clip']}"
+        )
+    return _CONVERTERS[fmt](sd)
 
 
 # attn_clip name -> (open_clip name, tensor fix-up) for everything outside the blocks.
@@ -245,13 +320,26 @@ _BLOCK_PREFIXES = {
 
 
 def to_open_clip(sd: Mapping[str, torch.Tensor]) -> StateDict:
-    """attn_clip state dict -> open_clip ``CLIP`` names (what open_clip's loader reads)."""
+    """attn_clip state dict -> open_clip ``CLIP`` names (what open_clip's loader reads).
+
+    An image tower without class token, or with a patch bias or a MAP head (SigLIP) keeps
+    timm's names under ``visual.trunk.``, as open_clip's timm towers have them.
+    """
     inv_block = {v: k for k, v in _OPEN_CLIP_BLOCK.items()}
     has_text_bias = "text.proj.bias" in sd
+    timm_tower = (
+        "visual.trunk.cls_token" not in sd
+        or "visual.trunk.patch_embed.proj.bias" in sd
+        or "visual.trunk.attn_pool.latent" in sd
+    )
     out: StateDict = {}
     for k, t in sd.items():
         prefix = next((p for p in _BLOCK_PREFIXES if k.startswith(p)), None)
-        if prefix is not None:
+        if timm_tower and k.startswith("visual.trunk."):
+            out[k] = t
+        elif timm_tower and k == "visual.proj.weight":
+            out["visual.head.proj.weight"] = t
+        elif prefix is not None:
             idx, _, name = k[len(prefix) :].partition(".")
             out[f"{_BLOCK_PREFIXES[prefix]}{idx}.{inv_block[name]}"] = t
         elif k == "text.proj.weight":  # a bare (D, E) matrix unless the projection has a bias

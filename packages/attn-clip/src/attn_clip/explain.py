@@ -18,6 +18,9 @@ Two read-outs, both over every block of the vision ViT:
   :func:`attn_vision.visualize.attention_rollout`): how much each patch flows into the
   pooled token. It ignores the text.
 
+Without a [CLS] token (mean pooling, SigLIP's MAP head) the mean of all token rows of
+``R`` stands for the pooled token.
+
 :func:`heatmap_overlay` draws a ``(gh, gw)`` map over the *original* image (same size as
 the input), mapping it through the model's preprocessing (center crop, padding or
 squash); the parts of the image the model never saw (cropped away) are dimmed.
@@ -62,14 +65,14 @@ def image_features_with_attention(
     block's attention weights ``(B, Hd, N, N)``, all in the autograd graph (the input
     tokens are a leaf that requires grad, so this works for frozen models too)."""
     trunk = model.visual.trunk
-    x = trunk._embed(images.to(model.visual.proj.weight.dtype))  # (B, N, D)
+    x = trunk._embed(model.visual.prepare(images))  # (B, N, D)
     x = x.detach().requires_grad_(torch.is_grad_enabled())
     maps = []
     for blk in trunk.blocks:
         x, weights = blk(x, need_weights=True)  # weights (B, Hd, N, N)
         maps.append(weights)
     pooled = trunk.forward_head(trunk.norm(x), pre_logits=True)  # (B, D)
-    return model.visual.proj(pooled), maps
+    return model.visual.project(pooled), maps
 
 
 def image_relevancy(
@@ -95,7 +98,7 @@ def image_relevancy(
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     trunk = model.visual.trunk
-    dtype = model.visual.proj.weight.dtype
+    images = model.visual.prepare(images)  # (the weights' dtype, whole patches)
     B, _, H, W = images.shape
     ph, pw = trunk.patch_embed.patch_size
     gh, gw = H // ph, W // pw
@@ -106,7 +109,7 @@ def image_relevancy(
     if method == "rollout":
         from attn_vision.visualize import attention_rollout
 
-        maps = trunk.get_attention_maps(images.to(dtype))[first:]
+        maps = trunk.get_attention_maps(images)[first:]
         rel = _pooled_rows(attention_rollout(maps), P, pooled_by_token)
     else:
         if target is None:

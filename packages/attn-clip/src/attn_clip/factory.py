@@ -6,7 +6,8 @@ Model names (the first argument):
   with ``pretrained=`` a tag (``"laion2b_s34b_b79k"``, ``"openai"``; see
   :func:`attn_clip.list_pretrained`) or a local checkpoint file / folder;
 * ``"hf-hub:<repo id>"`` -- an open_clip hub repo (``open_clip_config.json``) or a
-  transformers ``CLIPModel`` repo (``config.json``, e.g. ``openai/clip-vit-base-patch32``);
+  transformers ``CLIPModel`` / ``SiglipModel`` / ``Siglip2Model`` repo (``config.json``, e.g.
+  ``openai/clip-vit-base-patch32``, ``google/siglip-base-patch16-224``);
 * ``"local-dir:<path>"`` or a folder path -- the same two layouts on disk;
 * a :class:`CLIPConfig`;
 * a bundled model (``"demo-shapes"``): its weights ship inside attn_clip, so
@@ -86,7 +87,17 @@ def _preprocess_from_open_clip(cfg: dict[str, Any] | None, size) -> PreprocessCo
     return PreprocessConfig(**kw)
 
 
-def _preprocess_from_hf(cfg: dict[str, Any] | None, size) -> PreprocessConfig:
+def _preprocess_from_hf(cfg: dict[str, Any] | None, size, model_type: str) -> PreprocessConfig:
+    if model_type in ("siglip", "siglip2"):  # resized to the model's size, no crop
+        cfg = cfg or {}
+        resample = cfg.get("resample", 2 if model_type == "siglip2" else 3)  # the processors'
+        return PreprocessConfig(
+            size=size,
+            mean=tuple(cfg.get("image_mean", (0.5, 0.5, 0.5))),
+            std=tuple(cfg.get("image_std", (0.5, 0.5, 0.5))),
+            interpolation=_RESAMPLE.get(resample, "bicubic"),
+            resize_mode="squash",
+        )
     if not cfg:
         return PreprocessConfig(size=size)
     crop = cfg.get("crop_size", size)
@@ -109,11 +120,32 @@ def _config_from_checkpoint(ckpt: Checkpoint) -> tuple[CLIPConfig, PreprocessCon
         return config, pre
     if ckpt.hf_config is not None:
         config = CLIPConfig.from_hf(ckpt.hf_config)
-        return config, _preprocess_from_hf(ckpt.preprocessor_config, config.vision.image_size)
+        model_type = ckpt.hf_config.get("model_type", "clip")
+        pre = _preprocess_from_hf(ckpt.preprocessor_config, config.vision.image_size, model_type)
+        return config, pre
     raise ValueError(
         f"{ckpt.path} has no config (open_clip_config.json or config.json); pass an "
         "architecture name, e.g. create_model('ViT-B-32', pretrained=<path>)"
     )
+
+
+def _with_tokenizer_source(config: CLIPConfig, ckpt: Checkpoint, source: str) -> CLIPConfig:
+    """Where a folder's / hub repo's text tokenizer comes from, as open_clip's
+    ``get_tokenizer`` has it: a folder holding ``tokenizer_config.json`` when the config
+    names a Hugging Face tokenizer; a transformers SigLIP folder or repo brings its own."""
+    t = config.text
+    hf = ckpt.hf_config or {}
+    if not (t.hf_tokenizer_name or hf.get("model_type") in ("siglip", "siglip2")):
+        return config
+    if os.path.isdir(source):
+        if not (Path(source) / "tokenizer_config.json").is_file():
+            return config
+        name = str(Path(source).resolve())
+    elif t.hf_tokenizer_name:
+        return config
+    else:
+        name = source  # the transformers repo id
+    return replace(config, text=replace(t, hf_tokenizer_name=name))
 
 
 def _implied_quick_gelu(ckpt: Checkpoint | None, tag_quick_gelu: bool | None) -> bool | None:
@@ -221,10 +253,13 @@ def create_model(
                     f"architecture only), not {pretrained!r}"
                 )
             if name.startswith(HF_HUB_PREFIX):
-                ckpt = download_hub_repo(name[len(HF_HUB_PREFIX) :], **hub_kwargs)
+                source = name[len(HF_HUB_PREFIX) :]
+                ckpt = download_hub_repo(source, **hub_kwargs)
             else:
-                ckpt = read_checkpoint(name.removeprefix(LOCAL_DIR_PREFIX))
+                source = name.removeprefix(LOCAL_DIR_PREFIX)
+                ckpt = read_checkpoint(source)
             config, preprocess = _config_from_checkpoint(ckpt)
+            config = _with_tokenizer_source(config, ckpt, source)
             if pretrained is False:
                 ckpt = None
             pretrained = None
@@ -291,7 +326,9 @@ def create_model_and_transforms(
 ):
     """``(model, preprocess, tokenizer)``: the model, its inference transform and tokenizer."""
     model = create_model(model_name, pretrained, **kwargs)
-    return model, image_transform(model.preprocess_cfg), get_tokenizer(model.config)
+    hub_kwargs = {k: kwargs[k] for k in ("cache_dir", "local_files_only") if k in kwargs}
+    tokenizer = get_tokenizer(model.config, **hub_kwargs)
+    return model, image_transform(model.preprocess_cfg), tokenizer
 
 
 def save_pretrained(model: CLIP, directory: str | os.PathLike) -> Path:

@@ -24,7 +24,8 @@ def init_vision_like_open_clip(model: nn.Module) -> None:
     layers = model.config.vision.layers
     attn_std, fc_std = width**-0.5, (2 * width) ** -0.5
     proj_std = attn_std * (2 * layers) ** -0.5
-    nn.init.normal_(trunk.cls_token, std=attn_std)
+    if trunk.cls_token is not None:  # SigLIP-style towers have none
+        nn.init.normal_(trunk.cls_token, std=attn_std)
     nn.init.normal_(trunk.pos_embed, std=attn_std)
     for blk in trunk.blocks:
         nn.init.normal_(blk.attn.qkv.weight, std=attn_std)

@@ -39,7 +39,8 @@ class CLIPOutput(NamedTuple):
 
 
 class CLIP(nn.Module):
-    """Dual encoder: ``visual`` (attn_vision ViT + proj), ``text`` (causal Transformer + proj)."""
+    """Dual encoder: ``visual`` (attn_vision ViT + proj; SigLIP: MAP head, no proj),
+    ``text`` (Transformer + proj; causal for CLIP, bidirectional for SigLIP)."""
 
     def __init__(self, config: CLIPConfig, weight_init: bool = True) -> None:
         """``weight_init=False`` skips the random init (weights are about to be loaded)."""

@@ -96,7 +96,8 @@ def resolve_source(source: PretrainedSource, **hub_kwargs: Any) -> Path:
 
 def download_hub_repo(repo_id: str, **hub_kwargs: Any) -> Checkpoint:
     """An open_clip hub repo (``open_clip_config.json``), else a transformers ``CLIPModel``
-    repo (``config.json``), fetched (cached) into a :class:`Checkpoint`."""
+    / ``SiglipModel`` / ``Siglip2Model`` repo (``config.json``), fetched (cached) into a
+    :class:`Checkpoint`."""
     try:
         oc_config = hub.download(repo_id, "open_clip_config.json", **hub_kwargs)
     except hub.WeightsUnavailableError:

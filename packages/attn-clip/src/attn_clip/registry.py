@@ -2,7 +2,8 @@
 
 ``list_models()`` is every open_clip architecture attn_clip can build (the ViT CLIPs:
 ``ViT-B-32``, ``ViT-B-16``, ``ViT-L-14``, ``ViT-H-14``, ``ViT-bigG-14``, the
-``-quickgelu`` variants, ...) plus attn_clip's bundled models; ``list_pretrained()`` the
+``-quickgelu`` variants, ...; SigLIP / SigLIP2: ``ViT-B-16-SigLIP``,
+``ViT-SO400M-14-SigLIP-384``, ...) plus attn_clip's bundled models; ``list_pretrained()`` the
 open_clip ``(name, tag)`` pairs; ``get_pretrained_cfg(name, tag)`` says where open_clip
 would download the weights from and how images must be preprocessed for them.
 
@@ -13,13 +14,16 @@ and ``imagenet_zero_shot.json`` (OpenAI's ImageNet class names and prompt templa
 
     uv run python -m attn_clip.registry --write   # rebuild both files
     uv run python -m attn_clip.registry --check   # exit 1 if they differ from open_clip's
+    uv run python -m attn_clip.registry --coverage  # what attn_clip builds (no open_clip)
 
 (``tests/clip/test_registry.py`` runs the check, so an open_clip upgrade that changes
-them, or a config feature attn_clip learns, fails until the files are rebuilt.)
+them, or a config feature attn_clip learns, fails until the files are rebuilt.) The
+SigLIP image towers are timm ViTs named in open_clip's configs; the table also holds the
+timm keyword arguments of each such name (``timm_vit``, read from the installed timm).
 
 attn_clip also has *bundled* models of its own, whose weights ship inside the package
 (no network): ``demo-shapes``, a small CLIP trained by ``scripts/train_clip.py`` on the
-generated shapes of :mod:`attn_clip.shapes` (tag ``shapes``, the default for
+generated shapes of ``attn_train.shapes`` (tag ``shapes``, the default for
 ``pretrained=True``).
 """
 
@@ -43,6 +47,7 @@ __all__ = [
     "BUNDLED_MODELS",
     "PretrainedSource",
     "build_tables",
+    "coverage",
     "default_pretrained_tag",
     "get_model_config",
     "get_pretrained_cfg",
@@ -134,9 +139,17 @@ PRETRAINED_FIELDS: dict[str, Any] = {
 
 @functools.cache
 def _table() -> dict[str, Any]:
-    """The shipped copy of open_clip's registry (``models``, ``unsupported``, ``pretrained``)."""
+    """The shipped copy of open_clip's registry (``models``, ``unsupported``, ``pretrained``,
+    ``unsupported_pretrained``, ``timm_vit``)."""
     with open(TABLE_FILE, encoding="utf-8") as f:
         return json.load(f)
+
+
+def timm_vit_table() -> dict[str, dict[str, Any]]:
+    """timm ViT name -> its ``VisionTransformer`` keyword arguments, for every timm tower
+    named in open_clip's configs whose model is timm's plain ``VisionTransformer`` (whether
+    attn_clip builds it or not)."""
+    return _table()["timm_vit"]
 
 
 def _clean_tag(tag: str) -> str:
@@ -261,22 +274,27 @@ def build_tables() -> dict[str, dict[str, Any]]:
     import open_clip.pretrained as oc_pretrained
     from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES, OPENAI_IMAGENET_TEMPLATES
 
+    configs = {name: open_clip.get_model_config(name) for name in open_clip.list_models()}
+    timm_names = {c["vision_cfg"].get("timm_model_name") for c in configs.values()}
+    timm_vit = _timm_vit_args(sorted(n for n in timm_names if n))
     models: dict[str, Any] = {}
     unsupported: dict[str, str] = {}
-    for name in open_clip.list_models():
-        cfg = open_clip.get_model_config(name)
+    for name, cfg in configs.items():
         try:
-            CLIPConfig.from_open_clip(copy.deepcopy(cfg))
+            CLIPConfig.from_open_clip(copy.deepcopy(cfg), timm_vit=timm_vit)
         except (ValueError, TypeError, KeyError) as e:
             unsupported[name] = str(e)
         else:
             models[name] = cfg
     pretrained: dict[str, dict[str, Any]] = {}
+    unsupported_pretrained: dict[str, list[str]] = {}
     for name, tag in oc_pretrained.list_pretrained():
         if name in models:
             cfg = oc_pretrained.get_pretrained_cfg(name, tag)
             entry = {k: cfg.get(k, default) for k, default in PRETRAINED_FIELDS.items()}
             pretrained.setdefault(name, {})[tag] = entry
+        else:
+            unsupported_pretrained.setdefault(name, []).append(tag)
 
     # the templates are lambdas there; as format strings they give the same prompts
     templates = [t("{}") for t in OPENAI_IMAGENET_TEMPLATES]
@@ -289,6 +307,8 @@ def build_tables() -> dict[str, dict[str, Any]]:
             "models": models,
             "unsupported": unsupported,
             "pretrained": pretrained,
+            "unsupported_pretrained": unsupported_pretrained,
+            "timm_vit": timm_vit,
         },
         ZERO_SHOT_FILE.name: {
             "open_clip_version": open_clip.__version__,
@@ -299,21 +319,104 @@ def build_tables() -> dict[str, dict[str, Any]]:
     return json.loads(json.dumps(tables))  # tuples -> lists: exactly what a reload gives
 
 
+def _timm_vit_args(names: list[str]) -> dict[str, dict[str, Any]]:
+    """timm's ``VisionTransformer`` keyword arguments of each timm model in ``names`` whose
+    entry point builds one (the others, ConvNeXt, EVA, ..., are left out): caught on their
+    way into ``_create_vision_transformer``, so no model is built; ``img_size`` from its
+    default pretrained config. Values that are not JSON (layers, functions) become their
+    ``repr``, which ``CLIPConfig.from_open_clip`` then refuses by name."""
+    import timm
+    import timm.models.vision_transformer as tvit
+
+    class Captured(Exception):
+        pass
+
+    def capture(variant: str, pretrained: bool = False, **kwargs: Any) -> None:
+        raise Captured(kwargs)
+
+    def plain(v: Any) -> Any:
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        return v if v is None or isinstance(v, (bool, int, float, str)) else repr(v)
+
+    out: dict[str, dict[str, Any]] = {}
+    original = tvit._create_vision_transformer
+    tvit._create_vision_transformer = capture
+    try:
+        for name in names:
+            if not timm.is_model(name):
+                continue
+            entrypoint = timm.models.model_entrypoint(name)
+            if entrypoint.__module__ != tvit.__name__:
+                continue
+            try:
+                entrypoint(pretrained=False)
+            except Captured as c:
+                kwargs = dict(c.args[0])
+            else:
+                continue
+            size = timm.models.get_pretrained_cfg(name).input_size[-2:]
+            kwargs.setdefault("img_size", list(size))
+            out[name] = {k: plain(v) for k, v in kwargs.items()}
+    finally:
+        tvit._create_vision_transformer = original
+    return out
+
+
+def coverage() -> str:
+    """How many of open_clip's model configs and pretrained tags attn_clip builds, from
+    the shipped table (imports nothing): overall, for SigLIP / SigLIP2, and why the rest
+    is refused."""
+    table = _table()
+    models, unsupported = table["models"], table["unsupported"]
+    n_tags = sum(len(t) for t in table["pretrained"].values())
+    n_all_tags = n_tags + sum(len(t) for t in table["unsupported_pretrained"].values())
+    siglip = [n for n in [*models, *unsupported] if "siglip" in n.lower()]
+    siglip_built = [n for n in siglip if n in models]
+    siglip_tags = sum(len(table["pretrained"].get(n, {})) for n in siglip_built)
+    siglip_all_tags = siglip_tags + sum(
+        len(table["unsupported_pretrained"].get(n, [])) for n in siglip
+    )
+    lines = [
+        f"open_clip {table['open_clip_version']}: attn_clip builds {len(models)} of "
+        f"{len(models) + len(unsupported)} model configs and {n_tags} of {n_all_tags} "
+        "pretrained tags",
+        f"  SigLIP / SigLIP2: {len(siglip_built)} of {len(siglip)} configs, {siglip_tags} of "
+        f"{siglip_all_tags} tags",
+        f"not built ({len(unsupported)} configs), by the first feature refused:",
+    ]
+    reasons: dict[str, list[str]] = {}
+    for name, why in unsupported.items():
+        first = why.split(": ", 1)[-1].split(", ")[0].split(" (")[0].split("=")[0]
+        reasons.setdefault(first, []).append(name)
+    for reason, names in sorted(reasons.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+        lines.append(f"  {len(names):>3}  {reason}: {shown}")
+    return "\n".join(lines)
+
+
 def _dumps(content: dict[str, Any]) -> str:
     return json.dumps(content, indent=1, ensure_ascii=False) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m attn_clip.registry --write | --check``."""
+    """``python -m attn_clip.registry --write | --check | --coverage``."""
     parser = argparse.ArgumentParser(
         prog="python -m attn_clip.registry",
         description="Rebuild (--write) or verify (--check) attn_clip's copies of open_clip's "
-        "registry and zero-shot tables from the installed open_clip.",
+        "registry and zero-shot tables from the installed open_clip (and timm), or print "
+        "how much of open_clip's registry attn_clip builds (--coverage).",
     )
     action = parser.add_mutually_exclusive_group(required=True)
     action.add_argument("--write", action="store_true", help="rewrite the shipped JSON files")
     action.add_argument("--check", action="store_true", help="exit 1 if they are out of date")
+    action.add_argument(
+        "--coverage", action="store_true", help="count the configs and tags attn_clip builds"
+    )
     args = parser.parse_args(argv)
+    if args.coverage:
+        print(coverage())
+        return 0
     folder = TABLE_FILE.parent
     stale = []
     for name, content in build_tables().items():

@@ -17,6 +17,13 @@ kept position becomes EOT, as open_clip does) instead of raising as OpenAI's
 The merges file (``bpe_simple_vocab_16e6.txt.gz``, MIT, OpenAI) is read from the installed
 open_clip package's folder without importing open_clip. ``ftfy`` and ``regex`` are imported
 when the first tokenizer is built.
+
+Text towers trained with another vocabulary name a Hugging Face tokenizer in their config
+(``hf_tokenizer_name``): SigLIP's sentencepiece (``timm/ViT-B-16-SigLIP``), SigLIP2's Gemma
+tokenizer (``timm/ViT-B-16-SigLIP2``), BERT for CLIPA, ... :class:`HFTokenizer` runs it
+through transformers' ``AutoTokenizer`` (imported when one is built) exactly as open_clip's
+``HFTokenizer`` does; its files come from a local folder or through :mod:`attn_core.hub`
+(cached; offline or unreachable -> :class:`~attn_core.hub.WeightsUnavailableError` at once).
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ import torch
 
 from .config import CLIPConfig
 
-__all__ = ["Tokenizer", "bytes_to_unicode", "default_bpe_path", "get_tokenizer"]
+__all__ = ["HFTokenizer", "Tokenizer", "bytes_to_unicode", "default_bpe_path", "get_tokenizer"]
 
 DEFAULT_CONTEXT_LENGTH = 77
 BPE_FILE = "bpe_simple_vocab_16e6.txt.gz"
@@ -149,6 +156,7 @@ class Tokenizer:
         self.clean = clean
         self.encoder, self._ranks = _load_vocab(self.bpe_path, self.specials)
         self.decoder = {i: s for s, i in self.encoder.items()}
+        self.num_special_tokens = 2  # SOT, EOT
         self.sot_token_id: int = self.encoder[SOT]
         self.eot_token_id: int = self.encoder[EOT]
         self.vocab_size: int = len(self.encoder)
@@ -227,12 +235,137 @@ class Tokenizer:
         return out
 
 
-def get_tokenizer(model: str | CLIPConfig = "ViT-B-32", context_length: int | None = None) -> Any:
+# files a Hugging Face tokenizer is made of: its config, one vocabulary, its special tokens
+HF_TOKENIZER_CONFIG = "tokenizer_config.json"
+HF_VOCAB_FILES = ("tokenizer.json", "spiece.model", "tokenizer.model", "vocab.txt")
+HF_SPECIAL_TOKENS = "special_tokens_map.json"
+
+
+def hf_tokenizer_folder(
+    name_or_path: str | Path, cache_dir: str | Path | None = None, local_files_only: bool = False
+) -> Path:
+    """The local folder of a Hugging Face tokenizer: ``name_or_path`` itself if it is a
+    folder, else the hub cache folder of repo ``name_or_path`` with its tokenizer files
+    (downloaded through :func:`attn_core.hub.download` if needed)."""
+    if Path(name_or_path).is_dir():
+        return Path(name_or_path)
+    from attn_core import hub
+
+    if str(name_or_path).startswith(("/", ".", "~")) or Path(name_or_path).is_file():
+        raise hub.WeightsUnavailableError(
+            f"tokenizer folder {str(name_or_path)!r} not found (expected a folder with "
+            f"{HF_TOKENIZER_CONFIG} and one of {', '.join(HF_VOCAB_FILES)}, or a hub repo id)"
+        )
+
+    kw = {"cache_dir": cache_dir, "local_files_only": local_files_only}
+    try:
+        folder = hub.download(str(name_or_path), HF_TOKENIZER_CONFIG, **kw).parent
+        hub.download(str(name_or_path), HF_VOCAB_FILES, **kw)
+    except hub.WeightsUnavailableError as e:
+        raise hub.WeightsUnavailableError(
+            f"tokenizer: {e} (A tokenizer folder works too: attn_clip.HFTokenizer(<folder>).)"
+        ) from None
+    try:
+        hub.download(str(name_or_path), HF_SPECIAL_TOKENS, **kw)
+    except hub.WeightsUnavailableError:
+        pass  # optional: newer tokenizer configs carry their special tokens themselves
+    return folder
+
+
+class HFTokenizer:
+    """A Hugging Face tokenizer with open_clip's ``HFTokenizer`` behaviour: each text is
+    cleaned, then tokenized to exactly ``context_length`` ids (``max_length`` padding,
+    truncation), special tokens as the tokenizer adds them (SigLIP: ``</s>`` at the end).
+
+    Args:
+        name_or_path: a folder with the tokenizer's files, or a hub repo id
+            (``timm/ViT-B-16-SigLIP``), fetched through :mod:`attn_core.hub`.
+        context_length: ids per text.
+        clean: ``"whitespace"`` (open_clip's default here), ``"lower"`` or ``"canonicalize"``
+            (SigLIP: lower case, no punctuation).
+        strip_sep_token: replace the ``[SEP]`` id with 0 (CLIPA's BERT tokenizer).
+        cache_dir, local_files_only: passed to the hub download.
+    """
+
+    def __init__(
+        self,
+        name_or_path: str | Path,
+        context_length: int = DEFAULT_CONTEXT_LENGTH,
+        clean: str = "whitespace",
+        strip_sep_token: bool = False,
+        *,
+        cache_dir: str | Path | None = None,
+        local_files_only: bool = False,
+    ) -> None:
+        if context_length < 1:
+            raise ValueError(f"context_length must be >= 1, got {context_length}")
+        if clean not in _CLEANERS:
+            raise ValueError(f"clean must be one of {sorted(_CLEANERS)}, got {clean!r}")
+        folder = hf_tokenizer_folder(name_or_path, cache_dir, local_files_only)
+        try:
+            from transformers import AutoTokenizer
+        except ImportError as e:
+            raise ImportError(
+                f"the tokenizer {str(name_or_path)!r} needs transformers: "
+                "pip install 'attn-clip[hf]'"
+            ) from e
+        self.tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        self.name_or_path = str(name_or_path)
+        self.context_length = context_length
+        self.clean = clean
+        self.strip_sep_token = strip_sep_token
+        self._clean = _CLEANERS[clean]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its arguments: DataLoader workers rebuild it from the (cached) files."""
+        args = (self.name_or_path, self.context_length, self.clean, self.strip_sep_token)
+        return (type(self), args)
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of one cleaned string, without special tokens or padding."""
+        return self.tokenizer(self._clean(text), add_special_tokens=False)["input_ids"]
+
+    @property
+    def num_special_tokens(self) -> int:
+        """Ids the tokenizer adds around a text (SigLIP: 1, the final ``</s>``)."""
+        return len(self.tokenizer("x")["input_ids"]) - len(self.encode("x"))
+
+    def decode(self, ids: Sequence[int] | torch.Tensor) -> str:
+        """Ids back to text; special tokens and padding are dropped."""
+        if isinstance(ids, torch.Tensor):
+            ids = ids.tolist()
+        return self.tokenizer.decode(ids, skip_special_tokens=True).strip()
+
+    def __call__(
+        self, texts: str | Sequence[str], context_length: int | None = None
+    ) -> torch.LongTensor:
+        """One string or a list -> ``(N, context_length)`` ids (truncated, padded)."""
+        if isinstance(texts, str):
+            texts = [texts]
+        bad = [type(t).__name__ for t in texts if not isinstance(t, str)]
+        if bad:
+            raise TypeError(f"texts must be strings, got {', '.join(sorted(set(bad)))}")
+        n = context_length or self.context_length
+        ids = self.tokenizer(
+            [self._clean(t) for t in texts],
+            return_tensors="pt",
+            max_length=n,
+            padding="max_length",
+            truncation=True,
+        ).input_ids
+        if self.strip_sep_token:
+            ids = torch.where(ids == self.tokenizer.sep_token_id, torch.zeros_like(ids), ids)
+        return ids.long()
+
+
+def get_tokenizer(
+    model: str | CLIPConfig = "ViT-B-32", context_length: int | None = None, **hub_kwargs: Any
+) -> Tokenizer | HFTokenizer:
     """The tokenizer of an architecture name or config.
 
-    OpenAI BPE for the standard text tower; for configs that name a Hugging Face
-    tokenizer (CLIPA, MetaCLIP-2 worldwide) open_clip's ``HFTokenizer`` is returned
-    (importing open_clip), which downloads that tokenizer on first use.
+    OpenAI BPE for the standard text tower; :class:`HFTokenizer` for configs that name a
+    Hugging Face tokenizer (SigLIP / SigLIP2, CLIPA, MetaCLIP-2 worldwide), downloaded on
+    first use (``hub_kwargs``: ``cache_dir``, ``local_files_only``).
     """
     if isinstance(model, str):
         from .registry import get_model_config
@@ -240,8 +373,18 @@ def get_tokenizer(model: str | CLIPConfig = "ViT-B-32", context_length: int | No
         model = get_model_config(model)
     t = model.text
     n = context_length or t.context_length
+    kwargs = dict(t.tokenizer_kwargs or {})
     if t.hf_tokenizer_name:
-        from open_clip.tokenizer import HFTokenizer
-
-        return HFTokenizer(t.hf_tokenizer_name, context_length=n, **(t.tokenizer_kwargs or {}))
-    return Tokenizer(n, **(t.tokenizer_kwargs or {}))
+        unknown = sorted(set(kwargs) - {"clean", "strip_sep_token"})
+        if unknown:
+            raise ValueError(
+                f"tokenizer_kwargs {unknown} are not supported; expected clean, strip_sep_token"
+            )
+        return HFTokenizer(t.hf_tokenizer_name, context_length=n, **kwargs, **hub_kwargs)
+    if t.vocab_size < N_MERGES + 512 + 2:
+        raise ValueError(
+            f"the text tower's vocabulary ({t.vocab_size} ids) is not OpenAI's BPE (49408) and "
+            "its config names no tokenizer (text hf_tokenizer_name); pass a tokenizer, e.g. "
+            "attn_clip.HFTokenizer(<folder or hub repo of the model's tokenizer>)"
+        )
+    return Tokenizer(n, **kwargs)

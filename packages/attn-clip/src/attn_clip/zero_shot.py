@@ -29,6 +29,7 @@ __all__ = [
     "SIMPLE_TEMPLATES",
     "build_zero_shot_classifier",
     "evaluate_zero_shot",
+    "match_probability",
     "predict",
     "zero_shot_logits",
 ]
@@ -103,6 +104,16 @@ def zero_shot_logits(
     if model.logit_bias is not None:
         logits = logits + model.logit_bias.to(feats.dtype)
     return logits
+
+
+def match_probability(model: CLIP, cosine: torch.Tensor) -> torch.Tensor | None:
+    """SigLIP-style models (with a ``logit_bias``): the probability that an image and a text
+    match, ``sigmoid(exp(logit_scale) * cosine + logit_bias)``, for cosine similarities of
+    any shape; None for a CLIP, whose scores mean something only next to each other."""
+    if model.logit_bias is None:
+        return None
+    scale, bias = model.logit_scale.detach().float(), model.logit_bias.detach().float()
+    return (scale.exp().to(cosine.device) * cosine.float() + bias.to(cosine.device)).sigmoid()
 
 
 @torch.no_grad()
