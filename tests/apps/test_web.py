@@ -1,0 +1,624 @@
+"""apps/web.py, the Gradio demo: the functions behind each tab (in-process, no server), the
+command line (bad input: one line, exit 2; Ctrl-C: exit 130), and the page itself driven in
+headless Chromium (Debian's ``chromium`` + ``chromium-driver``, through Selenium): upload
+docs/assets/red_circle.png and see "red circle" ranked first, search an index built by
+apps/retrieval.py and see the red circles first, bad input shown in the page while the
+server keeps serving. The browser tests skip, saying why, only where Chromium or its driver
+is missing (.ci/run installs both with apt-get).
+
+Set WEB_SCREENSHOTS=DIR to also copy the browser tests' screenshots there (docs/assets has
+the ones docs/apps.md shows)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[2]
+APPS = ROOT / "apps"
+RED_CIRCLE = ROOT / "docs" / "assets" / "red_circle.png"
+LABELS = "blue circle, red circle, red square, green star"  # red circle not first on purpose
+
+# (colour, shape, size, position, seed): three red circles, then one or two of other kinds
+GALLERY = [
+    ("red", "circle", "large", "center", 0),
+    ("red", "circle", "medium", "top left", 1),
+    ("red", "circle", "large", "bottom right", 2),
+    ("blue", "square", "large", "center", 3),
+    ("blue", "square", "medium", "right", 4),
+    ("green", "triangle", "large", "center", 5),
+    ("yellow", "star", "large", "center", 7),
+    ("purple", "cross", "large", "center", 9),
+]
+
+
+def render(colour, shape, size="large", position="center", seed=0) -> Image.Image:
+    try:
+        from attn_train import shapes
+    except ImportError:  # older layout: the generator lived in attn_clip
+        from attn_clip import shapes
+    return shapes.render_shape(colour, shape, size, position, seed=seed, noise=0.0)
+
+
+def png_header(path: Path, width: int, height: int) -> Path:
+    """A tiny PNG whose header claims ``width x height`` pixels (a decompression bomb)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = zlib.crc32(kind + data) & 0xFFFFFFFF
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
+    data = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0"))
+    path.write_bytes(data + chunk(b"IEND", b""))
+    return path
+
+
+def plain(markdown: str) -> str:
+    """A status text without its Markdown escapes (what the page shows)."""
+    return re.sub(r"\\(.)", r"\1", markdown)
+
+
+def load_script(name: str, module_name: str):
+    """apps/<name>.py as a module, the way `uv run apps/<name>.py` finds its siblings."""
+    if str(APPS) not in sys.path:
+        sys.path.insert(0, str(APPS))
+    spec = importlib.util.spec_from_file_location(module_name, APPS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def web():
+    return load_script("web", "web_app")
+
+
+@pytest.fixture(scope="module")
+def loaded(web):
+    return web.load_model("demo-shapes", None, "cpu", "fp32")
+
+
+@pytest.fixture(scope="module")
+def demo(web, loaded):
+    return web.WebDemo(loaded)
+
+
+@pytest.fixture(scope="module")
+def index_path(tmp_path_factory) -> Path:
+    """A small gallery of generated shapes, indexed by `apps/retrieval.py index`."""
+    work = tmp_path_factory.mktemp("web_index")
+    for colour, shape, size, position, seed in GALLERY:
+        path = work / "gallery" / f"{shape}s" / f"{colour}_{shape}_{seed}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        render(colour, shape, size, position, seed).save(path)
+    out = work / "shapes.idx"
+    proc = subprocess.run(
+        [sys.executable, str(APPS / "retrieval.py"), "index", str(work / "gallery")]
+        + ["--out", str(out), "--model", "demo-shapes", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["images"] == len(GALLERY)
+    return out
+
+
+@pytest.fixture(scope="module")
+def search_demo(web, loaded, index_path):
+    idx = web.open_index(index_path)
+    idx.problem = web.index_problem(idx, loaded, "fp32")
+    assert idx.problem is None
+    return web.WebDemo(loaded, idx)
+
+
+# -- the functions behind the tabs ---------------------------------------------------------
+
+
+def test_labels_and_templates(web):
+    assert web.parse_labels(" cat, dog\n a red car ,\n\ncat,") == ["cat", "dog", "a red car"]
+    for empty in ("", None, " , \n ,"):
+        with pytest.raises(web.InputError, match="no labels"):
+            web.parse_labels(empty)
+    with pytest.raises(web.InputError, match="too many labels"):
+        web.parse_labels(",".join(f"l{i}" for i in range(web.MAX_LABELS + 1)))
+    assert web.parse_templates("") == ["a photo of a {}."]
+    assert web.parse_templates("a drawing of a {}.\n\n  a {} shape ") == [
+        "a drawing of a {}.",
+        "a {} shape",
+    ]
+    with pytest.raises(web.InputError, match=r"^template 'no label here' must contain"):
+        web.parse_templates("no label here")
+
+
+def test_classify_ranks_the_right_label_and_explains_it(web, demo):
+    pred = demo.classify(str(RED_CIRCLE), LABELS)
+    assert pred.labels[0] == "red circle" and pred.probs[0] > 0.9
+    assert sorted(pred.labels) == sorted(web.parse_labels(LABELS))
+    assert pred.probs == sorted(pred.probs, reverse=True)
+    assert abs(sum(pred.probs) - 1) < 1e-5 and not pred.sigmoid
+    assert pred.heatmap.size == Image.open(RED_CIRCLE).size  # the --explain overlay
+    rollout = demo.classify(str(RED_CIRCLE), LABELS, explain=True, method="rollout")
+    assert rollout.heatmap.size == pred.heatmap.size
+    assert demo.classify(str(RED_CIRCLE), LABELS, explain=False).heatmap is None
+
+    scores, heat, title, status = web.classify_outputs(demo, str(RED_CIRCLE), LABELS, "")
+    assert list(scores)[0] == "red circle" and len(scores) == 4
+    assert heat is not None and title == "where the model looked for 'red circle'"
+    assert status.startswith("**red circle** first of 4 label(s)") and "softmax" in status
+
+
+def test_classify_gives_the_numbers_of_the_command_line_app(web, demo, capsys):
+    """The same probabilities as `apps/zero_shot.py --json` for the same image, labels and
+    template (both call the same library functions)."""
+    zero_shot = load_script("zero_shot", "zero_shot_app_for_web")
+    labels = web.parse_labels(LABELS)
+    template = "a drawing of a {}."
+    argv = ["--model", "demo-shapes", "--image", str(RED_CIRCLE), "--labels", *labels]
+    assert zero_shot.main([*argv, "--template", template, "--json", "--top-k", "4"]) == 0
+    cli = {p["label"]: p["prob"] for p in json.loads(capsys.readouterr().out)["predictions"]}
+    pred = demo.classify(str(RED_CIRCLE), LABELS, template, explain=False)
+    ours = dict(zip(pred.labels, pred.probs, strict=True))
+    assert list(cli) == pred.labels
+    for label in labels:
+        assert abs(ours[label] - cli[label]) < 1e-6, (label, ours[label], cli[label])
+
+
+def test_sigmoid_scores_for_models_with_a_logit_bias(web, demo, monkeypatch):
+    """SigLIP-style models (a logit_bias) get independent sigmoids, as in the command line."""
+    import attn_clip
+
+    model = demo.loaded.model
+    monkeypatch.setattr(model, "logit_bias", torch.nn.Parameter(torch.tensor(-3.0)))
+    pred = demo.classify(str(RED_CIRCLE), LABELS, explain=False)
+    assert pred.sigmoid and pred.labels[0] == "red circle"
+    x = demo.loaded.preprocess(Image.open(RED_CIRCLE).convert("RGB"))[None]
+    labels = web.parse_labels(LABELS)
+    classifier = attn_clip.build_zero_shot_classifier(
+        model, demo.loaded.tokenizer, labels, ["a photo of a {}."]
+    )
+    with torch.inference_mode():
+        expected = attn_clip.zero_shot_logits(model, model.encode_image(x), classifier)[0]
+    expected = dict(zip(labels, expected.sigmoid().tolist(), strict=True))
+    for label, p in zip(pred.labels, pred.probs, strict=True):
+        assert abs(p - expected[label]) < 1e-5
+    assert abs(sum(pred.probs) - 1) > 0.05  # not a softmax
+    assert "independent sigmoids" in web.classify_outputs(demo, str(RED_CIRCLE), LABELS, "")[3]
+
+
+@pytest.mark.parametrize(
+    "case", ["no_image", "not_an_image", "truncated", "bomb", "no_labels", "bad_template"]
+)
+def test_bad_input_gives_a_message_in_the_page(web, demo, tmp_path, case):
+    image, labels, template, needle = str(RED_CIRCLE), LABELS, "", None
+    if case == "no_image":
+        image, needle = None, "no image: upload one"
+    elif case == "not_an_image":
+        image = tmp_path / "notes.png"
+        image.write_text("this is a text file")
+        needle = "notes.png: not an image"
+    elif case == "truncated":
+        image = tmp_path / "cut.png"
+        image.write_bytes(RED_CIRCLE.read_bytes()[:300])
+        needle = "cut.png: truncated image"
+    elif case == "bomb":
+        image = png_header(tmp_path / "bomb.png", 20000, 20000)
+        needle = "bomb.png: refusing a decompression-bomb sized image"
+    elif case == "no_labels":
+        labels, needle = " ,\n", "no labels"
+    else:
+        template, needle = "a photo", "template 'a photo' must contain exactly one '{}'"
+    scores, heat, _, status = web.classify_outputs(demo, image, labels, template)
+    assert scores is None and heat is None
+    assert status.startswith("**Error:** "), status
+    assert needle in plain(status), status
+    assert str(tmp_path) not in status  # the upload folder means nothing to the user
+    assert "Traceback" not in status and "\n" not in status
+
+
+def test_a_bug_is_one_line_in_the_page_and_a_traceback_on_the_console(
+    web, demo, monkeypatch, capsys
+):
+    def boom(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(demo, "classify", boom)
+    scores, _, _, status = web.classify_outputs(demo, str(RED_CIRCLE), LABELS, "")
+    assert scores is None
+    assert status == "**Error:** internal error (RuntimeError: boom); the server keeps running"
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_search_by_text_and_by_image(web, search_demo):
+    hits = search_demo.search("a red circle", None, k=5)
+    assert [h.rank for h in hits] == [1, 2, 3, 4, 5]
+    assert all(h.path.startswith("circles/red_circle_") for h in hits[:3]), hits
+    assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+    assert hits[0].image.size[0] <= web.THUMB and hits[0].image.size[1] <= web.THUMB
+
+    hits = search_demo.search("", str(RED_CIRCLE), k=3)
+    assert all(h.path.startswith("circles/red_circle_") for h in hits), hits
+
+    items, status = web.search_outputs(search_demo, "a blue square", None, 2)
+    assert {caption.split(" · ")[2] for _, caption in items} == {
+        "squares/blue_square_3.png",
+        "squares/blue_square_4.png",
+    }
+    assert items[0][1].startswith("#1 · 0.") and "2 best matches for 'a blue square'" in status
+
+
+@pytest.mark.parametrize(
+    "text,image,k,needle",
+    [
+        ("", None, 5, "empty query"),
+        ("  ", None, 5, "empty query"),
+        ("a red circle", str(RED_CIRCLE), 5, "not both"),
+        ("a red circle", None, 0, "top-k must be between 1 and"),
+        ("", "notes.png", 5, "notes.png: not an image"),
+    ],
+)
+def test_search_bad_queries(web, search_demo, tmp_path, text, image, k, needle):
+    if image == "notes.png":
+        image = tmp_path / "notes.png"
+        image.write_text("not an image")
+    items, status = web.search_outputs(search_demo, text, image, k)
+    assert items is None and status.startswith("**Error:** ")
+    assert needle in plain(status), status
+
+
+def test_search_without_an_index_says_how_to_get_one(web, demo):
+    items, status = web.search_outputs(demo, "a red circle", None, 5)
+    assert items is None and "start the app with --index IDX" in plain(status), status
+
+
+def test_an_index_of_another_model_is_not_searched(web, loaded, index_path):
+    """Built with another model (or other weights under the same name): the tab says so
+    instead of showing results."""
+    idx = web.open_index(index_path)
+    idx.manifest["model"] = {**idx.manifest["model"], "name": "ViT-B-32", "pretrained": "openai"}
+    problem = web.index_problem(idx, loaded, "fp32")
+    assert problem.startswith(
+        "shapes.idx was built with ViT-B-32 (openai), not with the loaded demo-shapes (shapes)"
+    ), problem
+    idx.problem = problem
+    items, status = web.search_outputs(web.WebDemo(loaded, idx), "a red circle", None, 3)
+    assert items is None and "built with ViT" in status
+
+    same = web.open_index(index_path)
+    probe = same.manifest["model"]["probe"]
+    same.manifest["model"] = {**same.manifest["model"], "probe": [-v for v in probe]}
+    assert "rebuild the index" in web.index_problem(same, loaded, "fp32")
+
+
+def test_the_index_brings_its_model(web, index_path):
+    args = argparse.Namespace(
+        model=None,
+        pretrained=None,
+        index=str(index_path),
+        device="cpu",
+        precision="fp32",
+        port=7860,
+    )
+    demo = web.load_demo(args)
+    assert demo.model_name == "demo-shapes (shapes)" and demo.index.problem is None
+
+
+def test_offline_with_no_model_it_serves_the_bundled_one(web, tmp_path, monkeypatch, capsys):
+    """No --model and ViT-B-32's weights not to be had (the hub switched offline, as
+    HF_HUB_OFFLINE=1 does, with an empty cache): demo-shapes, and one warning saying so."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    args = argparse.Namespace(
+        model=None, pretrained=None, index=None, device="cpu", precision="fp32", port=7860
+    )
+    assert web.load_demo(args).model_name == "demo-shapes (shapes)"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("warning: ViT-B-32 (openai) weights not available (offline?)")
+
+
+def test_build_app_queues_every_request_on_one_line(web, search_demo):
+    app = web.build_app(search_demo)
+    assert app._queue.max_size == web.QUEUE_SIZE
+    fns = [fn for fn in app.fns.values() if fn.name in ("on_classify", "on_search")]
+    assert len(fns) == 4
+    assert {(fn.concurrency_id, fn.concurrency_limit) for fn in fns} == {("model", 1)}
+
+
+# -- the command line ----------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("case", ["port", "index", "model", "port_in_use"])
+def test_command_line_errors_are_one_line_exit_2(web, tmp_path, capsys, case):
+    with socket.socket() as busy:
+        if case == "port":
+            argv, needle = ["--port", "70000"], "--port must be between 1 and 65535"
+        elif case == "index":
+            argv, needle = ["--index", str(tmp_path / "none.idx")], "no index at"
+        elif case == "model":
+            argv, needle = ["--model", "ViT-Q-99"], "ViT-Q-99"
+        else:
+            busy.bind(("127.0.0.1", 0))
+            busy.listen()
+            port = busy.getsockname()[1]
+            argv, needle = ["--model", "demo-shapes", "--port", str(port)], "cannot listen on"
+        assert web.main(argv) == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], err
+    assert "serving" not in out
+
+
+# -- in a real browser ---------------------------------------------------------------------
+
+
+def find_chromium() -> tuple[str | None, str | None]:
+    """(browser, chromedriver): $CHROME_BIN / $CHROMEDRIVER, else found on PATH."""
+    names = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+    browser = os.environ.get("CHROME_BIN") or next(filter(None, map(shutil.which, names)), None)
+    driver = os.environ.get("CHROMEDRIVER") or shutil.which("chromedriver")
+    return browser, driver
+
+
+@pytest.fixture(scope="module")
+def server(index_path, tmp_path_factory):
+    """`apps/web.py --model demo-shapes --index IDX` on a free port, as a user starts it."""
+    logs = tmp_path_factory.mktemp("web_server")
+    port = free_port()
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "GRADIO_TEMP_DIR": str(logs / "gradio"),
+        "GRADIO_ANALYTICS_ENABLED": "False",
+    }
+    out, err = open(logs / "stdout", "w+"), open(logs / "stderr", "w+")  # noqa: SIM115
+    cmd = [sys.executable, str(APPS / "web.py"), "--model", "demo-shapes"]
+    proc = subprocess.Popen(
+        [*cmd, "--index", str(index_path), "--port", str(port)],
+        stdout=out,
+        stderr=err,
+        env=env,
+        cwd=ROOT,
+    )
+    deadline = time.monotonic() + 180
+    while "serving" not in (logs / "stdout").read_text():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"the server did not start: {(logs / 'stderr').read_text()}")
+        time.sleep(0.2)
+    yield proc, f"http://127.0.0.1:{port}/", logs
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    out.close()
+    err.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    browser, driver = find_chromium()
+    if browser is None or driver is None:
+        pytest.skip(
+            "headless Chromium not found (no chromium / chromedriver on PATH): install "
+            "Debian's chromium and chromium-driver (apt-get install chromium chromium-driver; "
+            ".ci/run does) or set CHROME_BIN and CHROMEDRIVER"
+        )
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = browser
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
+        opts.add_argument(arg)
+    opts.add_argument("--window-size=1400,1000")
+    d = webdriver.Chrome(service=Service(driver), options=opts)
+    yield d
+    d.quit()
+
+
+def wait_for(driver, condition, timeout: float = 60, what: str = ""):
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    try:
+        return WebDriverWait(driver, timeout, poll_frequency=0.2).until(lambda d: condition(d))
+    except TimeoutException:
+        pytest.fail(f"timed out waiting for {what}; the page says: {page_text(driver)[:2000]}")
+
+
+def page_text(driver) -> str:
+    from selenium.webdriver.common.by import By
+
+    return driver.find_element(By.TAG_NAME, "body").text
+
+
+def text_of(driver, css: str) -> str:
+    from selenium.webdriver.common.by import By
+
+    found = driver.find_elements(By.CSS_SELECTOR, css)
+    return found[0].text if found else ""
+
+
+def set_text(driver, css: str, text: str) -> None:
+    """Replace a textbox's content as a user does (select all, type)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    box = driver.find_element(By.CSS_SELECTOR, css)
+    box.send_keys(Keys.CONTROL, "a")
+    box.send_keys(Keys.DELETE)
+    if text:
+        box.send_keys(text)
+
+
+def images_loaded(driver, css: str) -> bool:
+    script = (
+        "const imgs = document.querySelectorAll(arguments[0]);"
+        "return imgs.length > 0 && [...imgs].every(i => i.complete && i.naturalWidth > 0);"
+    )
+    return driver.execute_script(script, css)
+
+
+def screenshot(driver, tmp_path: Path, name: str) -> Path:
+    path = tmp_path / name
+    driver.save_screenshot(str(path))
+    assert path.stat().st_size > 10_000
+    if os.environ.get("WEB_SCREENSHOTS"):
+        shutil.copy(path, Path(os.environ["WEB_SCREENSHOTS"]) / name)
+    return path
+
+
+def classify_in_page(driver, labels: str | None) -> str:
+    """Type the labels (None: keep them), click Classify, wait for the answer: the status
+    text (each call here expects a status different from the one before)."""
+    from selenium.webdriver.common.by import By
+
+    if labels is not None:
+        set_text(driver, "#zs-labels textarea", labels)
+    before = text_of(driver, "#zs-status")
+    driver.find_element(By.CSS_SELECTOR, "#zs-run").click()
+    return wait_for(driver, lambda d: answered(d, "#zs-status", before), what="the answer")
+
+
+def answered(driver, css: str, before: str = "") -> str:
+    """The text of the status ``css`` once its request is done (Gradio's progress tracker
+    hidden) and it differs from ``before``; else ''."""
+    script = (
+        "const t = document.querySelector(arguments[0] + ' [data-testid=status-tracker]');"
+        "return !t || t.classList.contains('hide');"
+    )
+    if not driver.execute_script(script, css):
+        return ""
+    text = text_of(driver, css)
+    return text if text and text != before else ""
+
+
+def ranked_labels(driver) -> list[str]:
+    from selenium.webdriver.common.by import By
+
+    rows = driver.find_elements(By.CSS_SELECTOR, "#zs-scores .confidence-set dt")
+    return [r.text for r in rows]
+
+
+def test_browser_zero_shot(server, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    proc, url, _ = server
+    browser.get(url)
+    upload = wait_for(
+        browser,
+        lambda d: d.find_elements(By.CSS_SELECTOR, "#zs-image input[type=file]"),
+        what="the image upload",
+    )
+    upload[0].send_keys(str(RED_CIRCLE))
+    wait_for(browser, lambda d: images_loaded(d, "#zs-image img"), what="the uploaded image")
+    status = classify_in_page(browser, LABELS)
+    assert status.startswith("red circle first of 4 label(s)"), status
+    assert text_of(browser, "#zs-scores [data-testid=label-output-value]") == "red circle"
+    assert ranked_labels(browser)[0] == "red circle"
+    assert sorted(ranked_labels(browser)) == sorted(LABELS.split(", "))
+    wait_for(browser, lambda d: images_loaded(d, "#zs-heatmap img"), what="the heatmap")
+    assert "where the model looked for 'red circle'" in text_of(browser, "#zs-heatmap")
+    screenshot(browser, tmp_path, "web_zero_shot.png")
+
+    # bad input: a message in the page, no stack trace, and the server keeps serving
+    browser.find_element(By.CSS_SELECTOR, "#zs-image button[aria-label='Remove Image']").click()
+    notes = tmp_path / "notes.png"
+    notes.write_text("this is a text file, not a picture")
+    upload = wait_for(
+        browser,
+        lambda d: d.find_elements(By.CSS_SELECTOR, "#zs-image input[type=file]"),
+        what="the emptied image upload",
+    )
+    upload[0].send_keys(str(notes))
+    status = classify_in_page(browser, None)
+    assert status == "Error: notes.png: not an image (or a format Pillow cannot read)", status
+    status = classify_in_page(browser, " , ")
+    assert status.startswith("Error: no labels"), status
+    assert "Traceback" not in page_text(browser)
+    assert proc.poll() is None
+
+    # an example (image + labels) in one click, classified as well
+    example = browser.find_element(By.CSS_SELECTOR, "[data-testid=dataset-cell-0-1]")
+    assert example.text == "red circle, red square, blue circle, green star"
+    example.click()
+    wait_for(
+        browser,
+        lambda d: (
+            "red square, blue circle"
+            in d.find_element(By.CSS_SELECTOR, "#zs-labels textarea").get_attribute("value")
+        ),
+        what="the example's labels",
+    )
+    status = classify_in_page(browser, None)
+    assert status.startswith("red circle first of 4 label(s)"), status
+
+
+def test_browser_search(server, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    proc, url, _ = server
+    browser.get(url)
+    tab = wait_for(
+        browser,
+        lambda d: [
+            t
+            for t in d.find_elements(By.CSS_SELECTOR, "button[role=tab]")
+            if "search" in t.text.lower()
+        ],
+        what="the search tab",
+    )
+    tab[0].click()
+    wait_for(browser, lambda d: "shapes.idx" in page_text(d), what="the index description")
+    assert f"{len(GALLERY)} images under" in page_text(browser)
+    set_text(browser, "#s-text textarea", "a red circle")
+    browser.find_element(By.CSS_SELECTOR, "#s-run").click()
+    status = wait_for(browser, lambda d: answered(d, "#s-status"), what="the search answer")
+    assert status == "8 best matches for 'a red circle' (cosine similarity)", status
+    captions = [c.text for c in browser.find_elements(By.CSS_SELECTOR, "#s-gallery .caption-label")]
+    assert len(captions) == 8 and captions[0].startswith("#1 · "), captions
+    ranked = [c.split(" · ")[2] for c in captions]
+    assert all(p.startswith("circles/red_circle_") for p in ranked[:3]), ranked
+    wait_for(browser, lambda d: images_loaded(d, "#s-gallery img"), what="the thumbnails")
+    screenshot(browser, tmp_path, "web_search.png")
+
+    set_text(browser, "#s-text textarea", "")
+    browser.find_element(By.CSS_SELECTOR, "#s-run").click()
+    status = wait_for(browser, lambda d: answered(d, "#s-status", status), what="the error")
+    assert status == "Error: empty query: type a text or drop an image", status
+    assert proc.poll() is None
+
+
+def test_ctrl_c_stops_the_server_with_exit_code_130(server):
+    """Last in this file: it stops the shared server."""
+    proc, _, logs = server
+    assert proc.poll() is None, (logs / "stderr").read_text()
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    assert (logs / "stderr").read_text().strip().splitlines()[-1] == "interrupted"
