@@ -78,7 +78,7 @@ def test_block_with_inner_norms_and_2d_rope_runs_off_the_fast_path():
     from attn_core import TransformerBlock
     from attn_core.fast_inference import block_supported, run_blocks
 
-    blk = TransformerBlock(32, 2, act="swiglu", inner_norms=True).eval()
+    blk = TransformerBlock(32, 2, act="swiglu", attn_inner_norm=True, mlp_inner_norm=True).eval()
     names = set(blk.state_dict())
     assert {"attn.norm.weight", "mlp.norm.weight", "mlp.fc1.weight"} <= names
     assert not block_supported(blk)

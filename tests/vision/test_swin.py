@@ -27,6 +27,7 @@ SWIN_CASES = {
     "swin_base_patch4_window7_224": {"depths": (2, 2, 2, 2)},
     "swin_large_patch4_window7_224": {"depths": (2, 2, 2, 2), "img_size": 112},
     "swin_base_patch4_window12_384": {"depths": (2, 2, 2, 2), "img_size": 192},
+    "swin_large_patch4_window12_384": {"depths": (1, 1, 1, 1), "img_size": 192},
 }
 SMALL = dict(embed_dim=32, num_heads=(1, 2, 4, 8))  # narrow variant for cheap structural tests
 

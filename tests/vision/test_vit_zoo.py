@@ -18,7 +18,7 @@ from attn_vision import (
     list_models,
 )
 from attn_vision.registry import FAMILIES, main
-from attn_vision.timm_table import timm_vit_args, vit_args
+from attn_vision.timm_table import timm_eva_args, timm_vit_args, vit_args
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "vision.md"
 TIMM_PRESETS = [n for n in list_models() if get_pretrained_cfg(n) is not None]
@@ -30,14 +30,15 @@ def _shapes(state_dict: dict[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
 
 @pytest.mark.parametrize("name", TIMM_PRESETS)
 def test_state_dict_names_and_shapes_match_timm(name) -> None:
-    """Same tensors as timm's model of that name (ViT: the very names; Swin / ResNet: after
-    the converter), both built on the meta device."""
+    """Same tensors as timm's model of that name (ViT: the very names; EVA, Swin, ResNet,
+    ConvNeXt: after the converter), both built on the meta device."""
     is_vit = isinstance(get_model_config(name), ViTConfig)
+    timm_vit = is_vit and not name.startswith("eva")  # timm's Eva class has its own layout
     with torch.device("meta"):
-        ref = timm.create_model(name, **({"weight_init": "skip"} if is_vit else {}))
+        ref = timm.create_model(name, **({"weight_init": "skip"} if timm_vit else {}))
         ours = create_model(name)
     expected = ref.state_dict()
-    if not is_vit:
+    if not timm_vit:
         family = next(f for f, (cls, _, _) in FAMILIES.items() if isinstance(ours.config, cls))
         expected = FAMILIES[family][2](expected, ours.config)
     assert _shapes(ours.state_dict()) == _shapes(expected)
@@ -82,6 +83,8 @@ def test_feature_cases_cover_the_new_features() -> None:
     assert any(c.global_pool == "map" for c in configs)
     assert any(c.proj_bias != c.qkv_bias for c in configs)
     assert any(c.act == "gelu_tanh" for c in configs) and any(not c.final_norm for c in configs)
+    assert any(c.rope and c.attn_inner_norm for c in configs)  # EVA02-CLIP
+    assert any(c.act == "swiglu" and not c.mlp_gate_last for c in configs)  # EVA02 GluMlp
 
 
 # -- the generator's translation and the coverage command -----------------------------------
@@ -93,7 +96,7 @@ def test_timm_kwargs_translate_or_are_named() -> None:
     )
     assert args == dict(patch_size=14, reg_tokens=4, act="gelu_tanh", dist_token=True)
     assert unsupported == ["qk_norm=True"]
-    table = timm_vit_args()
+    table = {**timm_vit_args(), **timm_eva_args()}
     assert table["vit_small_patch14_reg4_dinov2"][0]["reg_tokens"] == 4
     assert table["vit_giant_patch14_dinov2"][1]  # GluMlp: named, not built
     assert "vit_giant_patch14_dinov2" not in list_models()

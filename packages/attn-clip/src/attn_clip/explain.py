@@ -65,11 +65,13 @@ def image_features_with_attention(
     block's attention weights ``(B, Hd, N, N)``, all in the autograd graph (the input
     tokens are a leaf that requires grad, so this works for frozen models too)."""
     trunk = model.visual.trunk
-    x = trunk._embed(model.visual.prepare(images))  # (B, N, D)
+    images = model.visual.prepare(images)
+    rotary = trunk.rotary(images.shape[-2:])  # 2D RoPE (EVA02), or None
+    x = trunk._embed(images)  # (B, N, D)
     x = x.detach().requires_grad_(torch.is_grad_enabled())
     maps = []
     for blk in trunk.blocks:
-        x, weights = blk(x, need_weights=True)  # weights (B, Hd, N, N)
+        x, weights = blk(x, need_weights=True, rotary=rotary)  # weights (B, Hd, N, N)
         maps.append(weights)
     pooled = trunk.forward_head(trunk.norm(x), pre_logits=True)  # (B, D)
     return model.visual.project(pooled), maps

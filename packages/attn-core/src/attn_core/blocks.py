@@ -43,8 +43,9 @@ class FeedForward(nn.Module):
     """Position-wise MLP: ``fc2(drop(act(fc1(x))))`` ``(..., D) -> (..., out_dim)``.
 
     ``act="swiglu"`` makes it gated (Shazeer 2020): ``fc1`` produces ``[x, gate]`` and
-    the hidden activation is ``x * silu(gate)``. ``inner_norm`` (a norm constructor)
-    normalises the hidden activation before ``fc2`` (EVA02's ``scale_mlp``, NormFormer).
+    the hidden activation is ``x * silu(gate)`` (``gate_last=False``: ``[gate, x]``, timm's
+    ``GluMlp(gate_last=False)`` of EVA02 / DINOv2-giant). ``inner_norm`` (a norm
+    constructor) normalises the hidden activation before ``fc2`` (EVA02's ``scale_mlp``).
     """
 
     def __init__(
@@ -57,12 +58,13 @@ class FeedForward(nn.Module):
         dropout: float = 0.0,
         bias: bool = True,
         inner_norm: Callable[[int], nn.Module] | None = None,
+        gate_last: bool = True,
     ) -> None:
         super().__init__()
         if act not in ACTIVATIONS:
             raise ValueError(f"unknown activation {act!r}; expected one of {sorted(ACTIVATIONS)}")
         hidden_dim = 4 * dim if hidden_dim is None else hidden_dim
-        self.gated = act == "swiglu"
+        self.gated, self.gate_last = act == "swiglu", gate_last
         self.fc1 = nn.Linear(dim, hidden_dim * (2 if self.gated else 1), bias=bias)
         self.act = ACTIVATIONS[act]()
         self.drop = nn.Dropout(dropout)
@@ -72,7 +74,7 @@ class FeedForward(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.fc1(x)
         if self.gated:
-            x, gate = x.chunk(2, dim=-1)
+            x, gate = x.chunk(2, dim=-1) if self.gate_last else x.chunk(2, dim=-1)[::-1]
             x = x * self.act(gate)
         else:
             x = self.act(x)
@@ -121,7 +123,8 @@ class TransformerBlock(nn.Module):
         num_heads: attention heads.
         mlp_ratio: MLP hidden width as a multiple of ``dim`` (or give ``mlp_hidden_dim``).
         num_kv_heads: key/value heads for GQA/MQA in self-attention.
-        bias: biases in the attention projections; ``mlp_bias`` in the MLP.
+        bias: biases in the attention projections (``proj_bias``: the output projection's,
+            default ``bias``); ``mlp_bias`` in the MLP.
         act: MLP activation: ``gelu``, ``gelu_tanh``, ``quick_gelu``, ``relu``, ``silu``,
             ``swiglu``.
         norm_first: pre-norm (True) or post-norm (False).
@@ -133,9 +136,10 @@ class TransformerBlock(nn.Module):
         layer_scale: LayerScale init value, or None for no layer scale.
         norm_layer: norm constructor taking the width (e.g. ``partial(nn.LayerNorm, eps=1e-6)``).
         qk_norm: normalise queries and keys per head with ``norm_layer`` (as timm).
-        inner_norms: ``norm_layer`` inside both branches, on the attention output before its
-            projection and on the MLP's hidden activation (EVA02's ``scale_attn_inner`` and
+        attn_inner_norm, mlp_inner_norm: ``norm_layer`` on the attention output before its
+            projection / on the MLP's hidden activation (EVA02's ``scale_attn_inner`` /
             ``scale_mlp``).
+        mlp_gate_last: with ``act="swiglu"``, ``fc1`` gives ``[x, gate]`` (else ``[gate, x]``).
         rope, backend: passed to :class:`MultiHeadAttention` (self-attention).
     """
 
@@ -148,6 +152,7 @@ class TransformerBlock(nn.Module):
         mlp_hidden_dim: int | None = None,
         num_kv_heads: int | None = None,
         bias: bool = True,
+        proj_bias: bool | None = None,
         mlp_bias: bool = True,
         act: str = "gelu",
         norm_first: bool = True,
@@ -159,13 +164,14 @@ class TransformerBlock(nn.Module):
         layer_scale: float | None = None,
         norm_layer: Callable[[int], nn.Module] = nn.LayerNorm,
         qk_norm: bool = False,
-        inner_norms: bool = False,
+        attn_inner_norm: bool = False,
+        mlp_inner_norm: bool = False,
+        mlp_gate_last: bool = True,
         rope: RotaryEmbedding | bool | None = None,
         backend: str | None = None,
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
-        inner = norm_layer if inner_norms else None
 
         def scale() -> nn.Module:
             return LayerScale(dim, layer_scale) if layer_scale is not None else nn.Identity()
@@ -180,8 +186,9 @@ class TransformerBlock(nn.Module):
             num_kv_heads=num_kv_heads,
             dropout=attn_dropout,
             bias=bias,
+            proj_bias=proj_bias,
             qk_norm=norm_layer if qk_norm else False,
-            inner_norm=inner,
+            inner_norm=norm_layer if attn_inner_norm else None,
             rope=rope,
             backend=backend,
         )
@@ -203,7 +210,13 @@ class TransformerBlock(nn.Module):
         self.norm2 = norm_layer(dim)
         hidden = mlp_hidden_dim if mlp_hidden_dim is not None else int(dim * mlp_ratio)
         self.mlp = FeedForward(
-            dim, hidden, act=act, dropout=dropout, bias=mlp_bias, inner_norm=inner
+            dim,
+            hidden,
+            act=act,
+            dropout=dropout,
+            bias=mlp_bias,
+            inner_norm=norm_layer if mlp_inner_norm else None,
+            gate_last=mlp_gate_last,
         )
         self.ls2, self.drop_path2 = scale(), drop()
         self.dropout = dropout

@@ -32,7 +32,8 @@ class MultiHeadAttention(nn.Module):
         num_heads: query heads ``H``; ``E`` must be divisible by it.
         num_kv_heads: key/value heads (default ``H``; ``1`` = multi-query attention).
         dropout: dropout on the attention weights (training mode only).
-        bias: biases in the input and output projections.
+        bias: biases in the input and output projections (``proj_bias``: the output
+            projection's, default ``bias``).
         kdim, vdim: widths of key / value inputs for cross-attention (default ``E``).
         qk_norm: normalise queries and keys over the head width (ViT-22B style): ``True``
             for ``nn.LayerNorm``, or a norm constructor such as ``partial(nn.LayerNorm, eps=1e-6)``.
@@ -51,6 +52,7 @@ class MultiHeadAttention(nn.Module):
         num_kv_heads: int | None = None,
         dropout: float = 0.0,
         bias: bool = True,
+        proj_bias: bool | None = None,
         kdim: int | None = None,
         vdim: int | None = None,
         qk_norm: bool | Callable[[int], nn.Module] = False,
@@ -90,7 +92,7 @@ class MultiHeadAttention(nn.Module):
         self.k_norm = norm(self.head_dim) if norm else nn.Identity()
         self.rope = RotaryEmbedding(self.head_dim) if rope is True else (rope or None)
         self.norm = inner_norm(embed_dim) if inner_norm is not None else nn.Identity()
-        self.proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.proj = nn.Linear(embed_dim, embed_dim, bias=bias if proj_bias is None else proj_bias)
 
     def extra_repr(self) -> str:
         return (

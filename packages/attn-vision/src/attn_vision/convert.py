@@ -15,6 +15,10 @@ Fixes applied, as timm applies them when it loads its own checkpoints:
   antialiased) to the model's ``img_size``; the unused ``pre_logits`` layer is dropped, and
   so is a MAP head (``attn_pool.*``) when the model pools otherwise (timm loads SigLIP
   towers built with another ``global_pool`` that way).
+* EVA (timm's ``Eva``): separate ``q_proj`` / ``k_proj`` / ``v_proj`` or a ``qkv`` with
+  ``q_bias`` / ``v_bias`` become one ``qkv`` (the key bias is zero: EVA has none, and a
+  key bias never changes attention); SwiGLU's ``fc1_x`` / ``fc1_g`` become one ``fc1``
+  (``[x, gate]``); ``gamma_1`` / ``gamma_2`` become ``ls1.gamma`` / ``ls2.gamma``.
 * Swin: non-persistent buffers (``relative_position_index``, ``attn_mask``) are
   dropped; the original Microsoft layout (patch merging at the *end* of a stage) is
   re-indexed to timm's (at the *start*); ``head.fc`` becomes ``head``.
@@ -101,11 +105,39 @@ def check_state_dict(
     raise CheckpointError("\n".join(lines))
 
 
+def _eva_to_vit(sd: StateDict) -> StateDict:
+    """timm ``Eva`` block names -> ours (see the module docstring); others pass unchanged."""
+    out = dict(sd)
+    blocks = {m.group(1) for k in sd if (m := re.match(r"(blocks\.\d+\.)", k))}
+    for p in sorted(blocks):
+        a, mlp = f"{p}attn.", f"{p}mlp."
+        if f"{a}q_proj.weight" in out:
+            parts = [out.pop(f"{a}{n}_proj.weight") for n in "qkv"]
+            out[f"{a}qkv.weight"] = torch.cat(parts)
+            if f"{a}q_proj.bias" in out:
+                out[f"{a}q_bias"], out[f"{a}v_bias"] = (
+                    out.pop(f"{a}q_proj.bias"),
+                    out.pop(f"{a}v_proj.bias"),
+                )
+        if f"{a}q_bias" in out:
+            q, v = out.pop(f"{a}q_bias"), out.pop(f"{a}v_bias")
+            out[f"{a}qkv.bias"] = torch.cat((q, torch.zeros_like(q), v))
+        for kind in ("weight", "bias"):
+            if f"{mlp}fc1_x.{kind}" in out:
+                x, g = out.pop(f"{mlp}fc1_x.{kind}"), out.pop(f"{mlp}fc1_g.{kind}")
+                out[f"{mlp}fc1.{kind}"] = torch.cat((x, g))
+        for i in (1, 2):
+            if f"{p}gamma_{i}" in out:
+                out[f"{p}ls{i}.gamma"] = out.pop(f"{p}gamma_{i}")
+    return out
+
+
 def convert_timm_vit(state_dict: Mapping[str, torch.Tensor], config: ViTConfig) -> StateDict:
-    """timm ``VisionTransformer`` state dict -> :class:`~attn_vision.vit.VisionTransformer`."""
+    """timm ``VisionTransformer`` (or ``Eva``) state dict ->
+    :class:`~attn_vision.vit.VisionTransformer`."""
     expected = expected_state_dict_shapes(VisionTransformer, config)
     out: StateDict = {}
-    for k, v in _unwrap(state_dict).items():
+    for k, v in _eva_to_vit(_unwrap(state_dict)).items():
         if k.startswith("pre_logits."):
             continue  # representation layer of old in21k checkpoints; unused (timm drops it too)
         if k.startswith("attn_pool.") and config.global_pool != "map":

@@ -28,7 +28,15 @@ from torch import nn
 from .pretrained import TABLE_FIELDS
 from .vit import GLOBAL_POOLS
 
-__all__ = ["coverage_report", "format_table", "timm_pretrained_table", "timm_vit_args", "vit_args"]
+__all__ = [
+    "coverage_report",
+    "eva_args",
+    "format_table",
+    "timm_eva_args",
+    "timm_pretrained_table",
+    "timm_vit_args",
+    "vit_args",
+]
 
 # timm modules whose architectures are timm's plain ``VisionTransformer`` (+ DeiT's
 # distilled subclass): the ones ViTConfig is meant to express
@@ -90,6 +98,75 @@ def vit_args(kwargs: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         else:
             unsupported.append(f"{key}={_describe(value)}")
     return args, unsupported
+
+
+def eva_args(kwargs: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """timm ``Eva`` kwargs (EVA-01 / EVA02) -> ``(ViTConfig args, what we cannot express)``.
+
+    EVA02 is a ViT with a 2D RoPE, a SwiGLU MLP and optional inner norms; timm's ``Eva``
+    defaults differ from ``VisionTransformer``'s in the pooling (``avg``). ``qkv_fused``
+    only changes the checkpoint layout (the converter fuses separate q / k / v)."""
+    kw = {"global_pool": "avg", **kwargs}
+    args: dict[str, Any] = {}
+    unsupported: list[str] = []
+    if kw.pop("swiglu_mlp", False):
+        # SwiGLU with separate fc1_g / fc1_x when scale_mlp (fused as [x, gate]); without
+        # it timm's packed GluMlp(gate_last=False): [gate, x]
+        args.update(act="swiglu", mlp_gate_last=bool(kw.get("scale_mlp", False)))
+    for key, value in kw.items():
+        if key == "qkv_fused" or (key == "use_abs_pos_emb" and value):
+            continue
+        if key == "scale_mlp":
+            args["mlp_inner_norm"] = bool(value)
+        elif key == "scale_attn_inner":
+            args["attn_inner_norm"] = bool(value)
+        elif key == "use_rot_pos_emb":
+            args["rope"] = bool(value)
+        elif key == "ref_feat_shape" and value is not None:
+            args["rope_ref_grid"] = tuple(value)
+        elif key in SAME_ARGS or key in ("global_pool", "act_layer", "norm_layer"):
+            more, bad = vit_args({key: value})
+            args.update(more)
+            unsupported += bad
+        else:
+            unsupported.append(f"{key}={_describe(value)}")
+    return args, unsupported
+
+
+@functools.cache
+def timm_eva_kwargs() -> dict[str, dict[str, Any]]:
+    """``arch -> kwargs`` of every timm ``eva`` module architecture (recorded, not built)."""
+    import timm
+    from timm.models import eva
+
+    return _record(timm.list_models(module="eva"), eva, "_create_eva")
+
+
+def timm_eva_args() -> dict[str, tuple[dict[str, Any], list[str]]]:
+    """``arch -> eva_args(kwargs)`` for every timm architecture in the ``eva`` module."""
+    return {arch: eva_args(kw) for arch, kw in sorted(timm_eva_kwargs().items())}
+
+
+def _record(archs: list[str], module: Any, builder: str) -> dict[str, dict[str, Any]]:
+    """Call each entrypoint with ``module.builder`` replaced by a recorder of its kwargs."""
+    import timm
+
+    captured: dict[str, dict[str, Any]] = {}
+
+    class Recorded(Exception):
+        pass
+
+    def record(variant: str, pretrained: bool = False, **kwargs: Any) -> None:
+        captured[variant] = kwargs
+        raise Recorded
+
+    with mock.patch.object(module, builder, record):
+        for arch in archs:
+            try:
+                timm.models.model_entrypoint(arch)()
+            except Recorded:
+                pass
+    return captured
 
 
 @functools.cache
@@ -155,7 +232,7 @@ def timm_pretrained_table() -> dict[str, Any]:
 
     other_archs = [n for n, spec in _MODELS.items() if spec.family != "vit" and spec.timm_weights]
     archs: dict[str, Any] = {}
-    for arch, (args, unsupported) in timm_vit_args().items():
+    for arch, (args, unsupported) in {**timm_vit_args(), **timm_eva_args()}.items():
         if not unsupported:
             archs[arch] = {"model_args": args, **_pretrained_entry(arch)}
     for arch in other_archs:

@@ -25,12 +25,13 @@ near-identity converter (:func:`attn_vision.convert.convert_timm_vit`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
 import torch
 import torch.utils.checkpoint
-from attn_core import TransformerBlock
+from attn_core import AxialRotaryEmbedding, TransformerBlock
 from attn_core.fast_inference import (
     fast_path_available,
     patchify,
@@ -84,7 +85,12 @@ class ViTConfig:
     final_norm: bool = True  # LayerNorm after the blocks
     fc_norm: bool | None = None  # norm after pooling instead of before; None = (pool == "avg")
     norm_eps: float = 1e-6  # LayerNorm epsilon (1e-6 for timm ViTs, 1e-5 for CLIP towers)
-    act: str = "gelu"  # MLP activation: "gelu", "gelu_tanh" (SigLIP), "quick_gelu" (CLIP)
+    act: str = "gelu"  # MLP activation: "gelu", "gelu_tanh" (SigLIP), "quick_gelu" (CLIP), "swiglu"
+    mlp_gate_last: bool = True  # swiglu: fc1 gives [x, gate]; False: [gate, x] (timm GluMlp)
+    attn_inner_norm: bool = False  # LayerNorm before each attention proj (timm scale_attn_inner)
+    mlp_inner_norm: bool = False  # LayerNorm before each fc2 (timm scale_mlp)
+    rope: bool = False  # 2D axial RoPE on the patch tokens' queries / keys (EVA02)
+    rope_ref_grid: tuple[int, int] | None = None  # RoPE positions scaled onto this grid
     init_values: float | None = None  # LayerScale init; None = no layer scale
     dynamic_img_size: bool = True  # accept any size divisible by the patch (pos-embed resampled)
     drop_rate: float = 0.0  # dropout before the classifier
@@ -99,6 +105,11 @@ class ViTConfig:
             raise ValueError("dist_token=True needs class_token=True (DeiT: [CLS], [DIST])")
         if self.dist_token and self.fc_norm:
             raise ValueError("dist_token=True pools without fc_norm: expected fc_norm None/False")
+        if self.rope_ref_grid is not None:
+            self.rope_ref_grid = tuple(self.rope_ref_grid)
+        if self.rope and (self.embed_dim // self.num_heads) % 4:
+            raise ValueError(f"rope=True needs a head width divisible by 4, got {self.embed_dim}"
+                             f" / {self.num_heads}")  # fmt: skip
         if not isinstance(self.reg_tokens, int) or self.reg_tokens < 0:
             raise ValueError(f"reg_tokens must be an int >= 0, got {self.reg_tokens!r}")
         if self.embed_dim % self.num_heads:
@@ -167,7 +178,11 @@ class VisionTransformer(nn.Module):
                     c.num_heads,
                     c.mlp_ratio,
                     bias=c.qkv_bias,
+                    proj_bias=c.proj_bias,
                     act=c.act,
+                    mlp_gate_last=c.mlp_gate_last,
+                    attn_inner_norm=c.attn_inner_norm,
+                    mlp_inner_norm=c.mlp_inner_norm,
                     dropout=c.proj_drop_rate,
                     attn_dropout=c.attn_drop_rate,
                     drop_path=dpr[i],
@@ -177,9 +192,8 @@ class VisionTransformer(nn.Module):
                 for i in range(c.depth)
             ]
         )
-        if c.proj_bias != c.qkv_bias:  # TransformerBlock's one `bias` covers both (timm: two)
-            for blk in self.blocks:
-                blk.attn.proj = nn.Linear(D, D, bias=c.proj_bias)
+        head_dim = D // c.num_heads
+        self.rope = AxialRotaryEmbedding(head_dim, ref_grid=c.rope_ref_grid) if c.rope else None
         self.norm = norm_layer(D) if c.final_norm and not use_fc_norm else nn.Identity()
         self.attn_pool = (
             AttentionPoolLatent(D, c.num_heads, c.mlp_ratio, norm_layer=norm_layer, act=c.act)
@@ -282,23 +296,33 @@ class VisionTransformer(nn.Module):
             x = pe(x)  # (B, gh, gw, D)
         return self.norm_pre(self._pos_embed(x))
 
-    def _blocks(self, x: torch.Tensor, cls_only: bool = False) -> torch.Tensor:
+    def rotary(self, image_size: tuple[int, int]) -> Callable | None:
+        """The blocks' 2D RoPE for ``(H, W)`` images (``rotary=`` of each block), or None."""
+        if self.rope is None:
+            return None
+        p = self.config.patch_size
+        grid = (image_size[0] // p, image_size[1] // p)
+        return partial(self.rope, grid=grid, num_prefix_tokens=self.num_prefix_tokens)
+
+    def _blocks(
+        self, x: torch.Tensor, rotary: Callable | None = None, cls_only: bool = False
+    ) -> torch.Tensor:
         """``(B, N, D)`` tokens through the blocks -> ``(B, N, D)``, or with ``cls_only``
         only token 0 -> ``(B, 1, D)`` (the fast path computes just that row in the last
         block)."""
         if self._fast(x):
             rows = torch.zeros(x.shape[0], dtype=torch.long, device=x.device) if cls_only else None
-            return run_blocks(self.blocks, x, rows=rows)
+            return run_blocks(self.blocks, x, rows=rows, rotary=rotary)
         for blk in self.blocks:
             if self.grad_checkpointing and torch.is_grad_enabled():
-                x = torch.utils.checkpoint.checkpoint(blk, x, use_reentrant=False)
+                x = torch.utils.checkpoint.checkpoint(blk, x, rotary=rotary, use_reentrant=False)
             else:
-                x = blk(x)
+                x = blk(x, rotary=rotary)
         return x[:, :1] if cls_only else x
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, C, H, W)`` -> ``(B, N, D)`` final (normed) tokens."""
-        return self.norm(self._blocks(self._embed(x)))
+        return self.norm(self._blocks(self._embed(x), self.rotary(x.shape[-2:])))
 
     @property
     def _cls_only(self) -> bool:
@@ -309,11 +333,12 @@ class VisionTransformer(nn.Module):
         """``(B, C, H, W)`` -> ``(B, D)`` pooled features before the head; equals
         ``forward_head(forward_features(x), pre_logits=True)``, but with [CLS] pooling
         passes on only the [CLS] row of the last block."""
+        rotary = self.rotary(x.shape[-2:])
         x = self._embed(x)
         if self._cls_only:
-            cls = self.norm(self._blocks(x, cls_only=True))  # (B, 1, D)
+            cls = self.norm(self._blocks(x, rotary, cls_only=True))  # (B, 1, D)
             return self.head_drop(self.fc_norm(cls[:, 0]))
-        return self.forward_head(self.norm(self._blocks(x)), pre_logits=True)
+        return self.forward_head(self.norm(self._blocks(x, rotary)), pre_logits=True)
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, N, D)`` -> ``(B, D)``: the [CLS] token, the mean of the patch tokens or
@@ -356,9 +381,9 @@ class VisionTransformer(nn.Module):
         the ``gh x gw`` grid. Computed with attn_core's ``math`` backend, the one that
         returns weights.
         """
-        maps = []
+        maps, rotary = [], self.rotary(x.shape[-2:])
         x = self._embed(x)
         for blk in self.blocks:
-            x, weights = blk(x, need_weights=True)
+            x, weights = blk(x, need_weights=True, rotary=rotary)
             maps.append(weights)
         return maps
