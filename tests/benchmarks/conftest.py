@@ -28,9 +28,12 @@ def benchmarks_run() -> Iterator[ModuleType]:
 
     ``uv run benchmarks/run.py`` puts benchmarks/ on sys.path and run.py imports its
     siblings (harness, clip_models, ...) by plain name; so does this fixture, for the
-    session, and afterwards it takes the folder and those modules away again."""
+    session (shadowing same-named modules other tests imported, such as apps/zero_shot.py),
+    and afterwards it takes the folder and those modules away again."""
     with pytest.MonkeyPatch.context() as mp:
         mp.syspath_prepend(str(BENCHMARKS))
+        for sibling in BENCHMARKS.glob("*.py"):  # e.g. apps/zero_shot.py imported earlier
+            mp.delitem(sys.modules, sibling.stem, raising=False)
         spec = importlib.util.spec_from_file_location(
             "attn_zoo_benchmarks_run", BENCHMARKS / "run.py"
         )
