@@ -7,7 +7,9 @@
 Sections (``--only``): ``image`` (CLIP ViT-B/32 image tower, batch 1/8/32, fp32 and bf16
 weights), ``text`` (CLIP text tower on OpenAI's 80 ImageNet prompts for one class),
 ``zeroshot`` (the 1,000-class x 80-prompt ImageNet zero-shot head, timed on a subset of
-classes and extrapolated), ``vit`` (timm ``vit_base_patch16_224``, batch 8), ``attention``
+classes and extrapolated), ``families`` (the RN50 and convnext_base CLIP image towers
+against open_clip, batch 8, fp32 and bf16), ``vit`` (timm ``vit_base_patch16_224``, batch
+8), ``attention``
 (math / sdpa / sliding-window / linear kernels at L = 1k..16k, plus compiled FlexAttention
 and a dense-masked SDPA as sliding-window references), ``dispatch`` (``attention()`` vs a
 raw ``F.scaled_dot_product_attention`` call), ``compile`` (``CLIP.compile_encoders``) and
@@ -43,6 +45,7 @@ import warnings
 
 import torch
 from attention import bench_attention
+from clip_families import bench_families
 from clip_image import bench_image
 from clip_models import build_clip_models
 from clip_text import bench_text
@@ -53,9 +56,12 @@ from torch_compile import bench_compile
 from vit import bench_vit
 from zero_shot import bench_zero_shot
 
-SECTIONS = ("image", "text", "zeroshot", "vit", "attention", "dispatch", "compile", "startup")
+SECTIONS = (
+    "image", "text", "zeroshot", "families", "vit", "attention", "dispatch", "compile", "startup",
+)  # fmt: skip
 CLIP_SECTIONS = {"image": bench_image, "text": bench_text, "zeroshot": bench_zero_shot}
 OTHER_SECTIONS = {
+    "families": bench_families,
     "vit": bench_vit,
     "attention": bench_attention,
     "dispatch": bench_dispatch,
@@ -94,8 +100,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     q = args.quick
     args.sections = [s for s in (args.only.split(",") if args.only else SECTIONS) if s]
     if q and not args.only:
-        # compiling takes ~20 s; start-up runs fresh interpreters
-        args.sections = [s for s in SECTIONS if s not in ("compile", "startup")]
+        # compiling takes ~20 s; start-up runs fresh interpreters; the families section
+        # builds full-size open_clip models (--only families --quick runs it at 64 px)
+        args.sections = [s for s in SECTIONS if s not in ("compile", "startup", "families")]
     skip = set(filter(None, args.skip.split(",")))
     unknown = (set(args.sections) | skip) - set(SECTIONS)
     if unknown:

@@ -32,7 +32,6 @@ def test_fields_from_open_clip():
 @pytest.mark.parametrize(
     ("name", "offending"),
     [
-        ("RN50", "ResNet"),
         ("coca_ViT-B-32", "multimodal_cfg"),
         ("nllb-clip-base-siglip", "hf_model_name"),
         ("EVA02-B-16", "timm_model_name='eva02_base_patch16_clip_224' .not a plain timm ViT"),
@@ -121,7 +120,8 @@ def test_timm_tower_refusals_are_named():
     for key, value, match in [
         ("timm_proj", "linear", "timm_proj='linear'"),
         ("timm_pool", "", "timm_pool=''"),
-        ("timm_model_name", "convnext_base", "convnext_base.*not a plain timm ViT"),
+        ("timm_model_name", "convnext_base", "ConvNeXt 'convnext_base'.*timm_proj='none'"),
+        ("timm_model_name", "resnet50d", "resnet50d.*not a plain timm ViT or ConvNeXt"),
         ("timm_model_args", {"depth": 2, "reg_tokens": 4}, "reg_tokens=4"),
         ("image_size", 256, "img_size=.224, 224. .vision_cfg.image_size is 256"),
         ("qk_layernorm", True, r"vision_cfg\.qk_layernorm"),
@@ -182,7 +182,7 @@ def test_invalid_values():
     with pytest.raises(ValueError, match="pool_type='tok' needs class_token"):
         CLIPVisionConfig(class_token=False)
     with pytest.raises(ValueError, match="vision proj_type"):
-        CLIPVisionConfig(proj_type="mlp")
+        CLIPVisionConfig(proj_type="conv")
     with pytest.raises(ValueError, match="vision proj_type='none' needs vision width"):
         CLIPConfig(embed_dim=256, vision=CLIPVisionConfig(proj_type="none"))
     with pytest.raises(ValueError, match="head_width"):
@@ -200,3 +200,70 @@ def test_from_dict_refuses_unknown_keys_by_name():
     assert CLIPConfig.from_dict(d) == CLIPConfig()
     with pytest.raises(ValueError, match=r"unknown CLIPConfig key\(s\): extra, vision.patchsize"):
         CLIPConfig.from_dict({**d, "extra": 1, "vision": {**d["vision"], "patchsize": 8}})
+
+
+def test_convnext_towers_from_open_clip():
+    """open_clip's ConvNeXt configs: timm's ConvNeXt arguments for the name (the shipped
+    table), the projection head from timm_proj / timm_proj_bias."""
+    base = CLIPConfig.from_open_clip(open_clip.get_model_config("convnext_base_w"))
+    v = base.vision
+    assert (v.tower, v.timm_model_name, v.image_size, v.width) == (
+        "convnext", "convnext_base", 256, 1024
+    )  # fmt: skip
+    assert v.convnext["depths"] == (3, 3, 27, 3) and v.convnext["dims"][-1] == 1024
+    assert (v.proj_type, v.proj_bias, base.embed_dim) == ("linear", False, 640)
+    large_d = CLIPConfig.from_open_clip(open_clip.get_model_config("convnext_large_d_320"))
+    assert large_d.vision.proj_type == "mlp" and large_d.vision.image_size == 320
+    xxl = CLIPConfig.from_open_clip(open_clip.get_model_config("convnext_xxlarge"))
+    assert xxl.vision.convnext["norm_eps"] == 1e-5  # timm's convnext_xxlarge
+    assert base.vision.convnext["norm_eps"] == 1e-6
+    # the quick_gelu flag leaves the ConvNeXt alone, as in open_clip
+    assert base.with_act(True).vision == base.vision
+
+
+def test_convnext_tower_refusals_and_timm_model_args():
+    base = open_clip.get_model_config("convnext_base")
+    for key, value, match in [
+        ("timm_proj", "none", "timm_proj='none'"),
+        ("timm_pool", "max", "timm_pool='max'"),
+        ("timm_model_args", {"depths": [1, 1, 1, 1], "use_grn": True}, "use_grn=True"),
+        ("timm_model_args", {"kernel_sizes": [7, 5, 5, 5]}, r"kernel_sizes=\[7, 5, 5, 5\]"),
+        ("timm_model_args", {"stem_type": "overlap"}, "stem_type='overlap'"),
+    ]:
+        cfg = {**base, "vision_cfg": {**base["vision_cfg"], key: value}}
+        with pytest.raises(ValueError, match=match):
+            CLIPConfig.from_open_clip(cfg)
+    cfg = CLIPConfig.from_open_clip(base)
+    assert "timm_model_args" not in cfg.to_open_clip()["vision_cfg"]
+    small = replace(cfg, vision=replace(cfg.vision, convnext={**cfg.vision.convnext,
+                                                              "depths": (1, 1, 2, 1)}))  # fmt: skip
+    vision_cfg = small.to_open_clip()["vision_cfg"]
+    assert vision_cfg["timm_model_args"]["depths"] == [1, 1, 2, 1]
+    assert vision_cfg["timm_proj"] == "linear" and vision_cfg["timm_proj_bias"] is False
+    assert CLIPConfig.from_open_clip(small.to_open_clip()) == small
+    with pytest.raises(ValueError, match="unknown ConvNeXt field.*depth"):
+        CLIPVisionConfig(convnext={"depth": 2})
+    with pytest.raises(ValueError, match="ConvNeXt towers only"):
+        CLIPVisionConfig(proj_type="mlp")
+
+
+def test_resnet_towers_from_open_clip():
+    """OpenAI's ModifiedResNet: vision_cfg.layers a list; heads = width * 32 // head_width."""
+    rn50 = CLIPConfig.from_open_clip(open_clip.get_model_config("RN50"))
+    v = rn50.vision
+    assert (v.tower, v.layers, v.width, v.heads, v.image_size) == ("resnet", (3, 4, 6, 3), 64,
+                                                                   32, 224)  # fmt: skip
+    assert rn50.embed_dim == 1024 and not rn50.quick_gelu
+    x64 = CLIPConfig.from_open_clip(open_clip.get_model_config("RN50x64-quickgelu"))
+    assert x64.quick_gelu and x64.vision.heads == 64 and x64.vision.image_size == 448
+    assert rn50.with_act(True).quick_gelu
+    assert rn50.to_open_clip()["vision_cfg"] == {
+        "image_size": 224, "layers": [3, 4, 6, 3], "width": 64, "head_width": 64,
+        "patch_size": None,
+    }  # fmt: skip
+    base = open_clip.get_model_config("RN50")
+    bad = {**base, "vision_cfg": {**base["vision_cfg"], "ls_init_value": 0.1}}
+    with pytest.raises(ValueError, match=r"vision_cfg\.ls_init_value \(ResNet tower\)"):
+        CLIPConfig.from_open_clip(bad)
+    with pytest.raises(ValueError, match="square"):
+        CLIPVisionConfig(layers=(1, 1, 1, 1), image_size=(224, 256))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import open_clip
@@ -45,14 +46,20 @@ def test_detect_format(ref, ours):
     assert detect_format(ours.state_dict()) == "attn_clip"
     with pytest.raises(ValueError, match="unrecognised CLIP checkpoint.*first keys"):
         detect_format({"encoder.weight": torch.zeros(1)})
-    with pytest.raises(ValueError, match="ResNet"):
-        detect_format({"visual.layer1.0.conv1.weight": torch.zeros(1)})
-    with pytest.raises(ValueError, match="ConvNeXt"):
-        detect_format({"visual.trunk.stem.0.weight": torch.zeros(1)})
-    # SigLIP: open_clip's timm tower; transformers' SiglipModel (its MAP head, text head)
+    with pytest.raises(ValueError, match="unrecognised CLIP checkpoint"):
+        detect_format({"visual.layer1.0.conv1.weight": torch.zeros(1)})  # no text tower
+    # SigLIP / ConvNeXt: open_clip's timm towers; OpenAI's ResNet; transformers'
+    # SiglipModel (its MAP head, text head)
     z = torch.zeros(1)
     siglip = {"visual.trunk.patch_embed.proj.weight": z, "text.positional_embedding": z}
     assert detect_format(siglip) == "open_clip"
+    convnext = {"visual.trunk.stem.0.weight": z, "positional_embedding": z}
+    assert detect_format(convnext) == "open_clip"
+    resnet = {"visual.conv1.weight": z, "visual.attnpool.c_proj.weight": z}
+    assert detect_format({**resnet, "positional_embedding": z}) == "open_clip"
+    assert detect_format({"visual.trunk.conv1.weight": z, "text.blocks.0.norm1.weight": z}) == (
+        "attn_clip"
+    )
     hf = {
         "text_model.embeddings.token_embedding.weight": z,
         "vision_model.post_layernorm.weight": z,
@@ -77,8 +84,8 @@ def test_siglip_converters_are_loud_and_invert(h):
     assert {k: v.shape for k, v in convert_open_clip(oc).items()} == {
         k: v.shape for k, v in sd.items()
     }
-    with pytest.raises(ValueError, match="no converter rule knows: visual.head.mlp.fc1.weight"):
-        convert_open_clip({**oc, "visual.head.mlp.fc1.weight": torch.zeros(1)})
+    with pytest.raises(ValueError, match="no converter rule knows: visual.head.extra.weight"):
+        convert_open_clip({**oc, "visual.head.extra.weight": torch.zeros(1)})
     with pytest.raises(ValueError, match="SiglipModel.*vision_model.head.extra"):
         convert_hf_siglip({"vision_model.head.extra": torch.zeros(1)})
 
@@ -138,8 +145,11 @@ def test_to_open_clip_round_trip(h, cfg_update, tiny_images, tiny_tokens):
     assert CLIPConfig.from_open_clip(ours.config.to_open_clip()) == ours.config
 
 
-def _torchscript_archive(model: torch.nn.Module, path, images, tokens) -> None:
-    """Mimic OpenAI's released ``ViT-*.pt``: a traced fp16 model with three int buffers."""
+def _torchscript_archive(
+    model: torch.nn.Module, path, images, tokens, fp16: frozenset[str] = frozenset()
+) -> None:
+    """Mimic OpenAI's released ``ViT-*.pt``: a traced model with three int buffers, the
+    parameters named in ``fp16`` stored as fp16."""
 
     class Wrapper(torch.nn.Module):
         def __init__(self, clip):
@@ -156,11 +166,15 @@ def _torchscript_archive(model: torch.nn.Module, path, images, tokens) -> None:
         def forward(self, image, text):
             return self.clip[0].get_logits(image, text)
 
-    wrapper = Wrapper(model)
+    wrapper = Wrapper(copy.deepcopy(model))  # (tracing shares the tensors)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         traced = torch.jit.trace(wrapper, (images, tokens), check_trace=False)
-        traced.save(str(path))
+    with torch.no_grad():
+        for name, p in traced.named_parameters():
+            if name in fp16:
+                p.data = p.data.half()
+    traced.save(str(path))
 
 
 def test_openai_torchscript_archive(h, tmp_path, tiny_images, tiny_tokens):
@@ -181,10 +195,40 @@ def test_openai_torchscript_archive(h, tmp_path, tiny_images, tiny_tokens):
         create_model(CLIPConfig.from_open_clip(h.oc_cfg()), pretrained=path, quick_gelu=False)
 
 
+def test_openai_torchscript_resnet_archive(h, tmp_path, tiny_tokens):
+    """OpenAI's ``RN50.pt`` & co. are TorchScript archives too: a traced open_clip ResNet
+    CLIP (fp16 conv / linear weights, fp32 BatchNorm, as OpenAI ships them) read by the
+    restricted reader, its ``visual.*`` ResNet keys loaded into our tower."""
+    vision = {"layers": [1, 2, 1, 1], "width": 16, "head_width": 8, "image_size": 64}
+    ref = h.make_open_clip(h.oc_cfg(quick_gelu=True, vision_cfg=vision))
+    with torch.no_grad():
+        for m in ref.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.normal_(0, 0.1)
+                m.running_var.uniform_(0.5, 1.5)
+    convert_weights_to_fp16(ref)  # conv / linear weights: what OpenAI stores as fp16
+    fp16 = frozenset(k for k, v in ref.state_dict().items() if v.dtype == torch.float16)
+    ref.float()  # compare against the same rounding
+    images = torch.randn(2, 3, 64, 64)
+    path = tmp_path / "RN-tiny.pt"
+    _torchscript_archive(ref, path, images, tiny_tokens, fp16)
+    ckpt = read_checkpoint(path)
+    assert ckpt.kind == "torchscript"
+    assert ckpt.state_dict["visual.attnpool.c_proj.weight"].dtype == torch.float16
+    assert ckpt.state_dict["visual.bn1.running_var"].dtype == torch.float32
+    assert "visual.layer2.1.bn3.num_batches_tracked" in ckpt.state_dict
+    model = create_model(CLIPConfig.from_open_clip(h.oc_cfg(vision_cfg=vision)), pretrained=path)
+    assert model.config.quick_gelu and model.config.vision.tower == "resnet"
+    with torch.no_grad():
+        assert_close(model.encode_image(images), ref.encode_image(images), **TOL)
+        assert_close(model.encode_text(tiny_tokens), ref.encode_text(tiny_tokens), **TOL)
+
+
 @pytest.mark.slow
 def test_open_clip_meta_layout_matches_every_listed_model():
     """Every buildable architecture has exactly open_clip's tensors (names and shapes),
-    SigLIP / SigLIP2 (open_clip's CustomTextCLIP with a timm tower) included."""
+    SigLIP / SigLIP2 (open_clip's CustomTextCLIP with a timm tower), ConvNeXt (timm tower +
+    projection head) and OpenAI's ResNets included."""
     from attn_clip import get_model_config, list_models
 
     seen, checked = set(), []
@@ -205,3 +249,5 @@ def test_open_clip_meta_layout_matches_every_listed_model():
         }, name
         checked.append(name)
     assert sum("SigLIP" in n for n in checked) >= 20, checked
+    assert sum(n.startswith("convnext_") for n in checked) >= 9, checked  # 11, 2 share a layout
+    assert sum(n.startswith("RN") for n in checked) == 5, checked  # -quickgelu: same tensors

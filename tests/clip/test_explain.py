@@ -25,3 +25,22 @@ def test_large_images_get_a_display_size_heatmap(model):
     a = np.asarray(explain_image(model, small, "a red circle").resize((150, 100)), np.float32)
     b = np.asarray(full.resize((150, 100)), np.float32)
     assert np.abs(a - b).mean() < 3.0
+
+
+@pytest.mark.parametrize(
+    ("name", "small", "tower"),
+    [
+        ("RN50", {"vision": {"layers": (1, 1, 1, 1), "image_size": 64}}, "ResNet"),
+        ("convnext_base", {"vision": {"convnext": {"depths": (1, 1, 1, 1)}}}, "ConvNeXt"),
+    ],
+)
+def test_cnn_towers_are_refused_by_name(name, small, tower):
+    """The heatmaps read a ViT's attention; a ResNet / ConvNeXt tower is a clear ValueError."""
+    import torch
+    from attn_clip import image_relevancy
+
+    cnn = create_model(name, text={"layers": 1}, **small)
+    with pytest.raises(ValueError, match=f"ViT image tower.*is a {tower}"):
+        explain_image(cnn, Image.new("RGB", (64, 64)), torch.randn(cnn.config.embed_dim))
+    with pytest.raises(ValueError, match=f"is a {tower}"):
+        image_relevancy(cnn, torch.randn(1, 3, 64, 64), method="rollout")

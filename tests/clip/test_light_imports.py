@@ -56,3 +56,30 @@ def test_siglip_from_a_local_file_imports_no_heavy_packages(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]", out.stdout
+
+
+FAMILIES = """
+import sys
+import attn_clip
+import torch
+
+for name, small in [
+    ("convnext_base", {"vision": {"convnext": {"depths": (1, 1, 1, 1)}}, "text": {"layers": 1}}),
+    ("RN50", {"vision": {"layers": (1, 1, 1, 1)}, "text": {"layers": 1}}),
+]:
+    model = attn_clip.create_model(name, **small)
+    attn_clip.save_weights(model, PATH)
+    model = attn_clip.create_model(name, pretrained=PATH, **small)
+    model.encode_image(torch.randn(1, 3, 224, 224))
+print(sorted({h for h in HEAVY for m in sys.modules if m == h or m.startswith(h + ".")}))
+"""
+
+
+def test_convnext_and_resnet_from_a_local_file_import_no_heavy_packages(tmp_path):
+    """ConvNeXt (a timm tower in open_clip, from the shipped table) and OpenAI's ResNet
+    CLIPs build and load without timm or open_clip."""
+    path = str(tmp_path / "w.safetensors")
+    code = f"HEAVY = {HEAVY!r}\nPATH = {path!r}\n{FAMILIES}"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]", out.stdout

@@ -24,13 +24,14 @@ def test_shipped_tables_equal_the_installed_open_clip():
     assert registry.main(["--check"]) == 0
 
 
-def test_list_models_has_the_vit_clips_and_only_them():
+def test_list_models_has_the_clips_attn_clip_builds_and_only_them():
     names = set(list_models())
     required = {"ViT-B-32", "ViT-B-16", "ViT-L-14", "ViT-H-14", "ViT-bigG-14", "ViT-L-14-336"}
     required |= {f"{n}-quickgelu" for n in ("ViT-B-32", "ViT-B-16", "ViT-L-14", "ViT-H-14")}
+    required |= {"RN50", "RN50x64-quickgelu", "convnext_base", "convnext_large_d_320"}
     assert required <= names
     assert names - {"demo-shapes"} <= set(open_clip.list_models())
-    excluded = ("RN50", "coca_ViT-B-32", "nllb-clip-base-siglip", "EVA02-B-16", "convnext_base")
+    excluded = ("coca_ViT-B-32", "nllb-clip-base-siglip", "EVA02-B-16")
     for name in excluded:
         assert name not in names
 
@@ -51,6 +52,24 @@ def test_every_siglip_config_and_tag_with_a_timm_vit_tower():
     assert (pre.size, pre.mean, pre.std, pre.resize_mode) == (384, (0.5,) * 3, (0.5,) * 3, "squash")
 
 
+def test_every_convnext_and_resnet_config_and_tag():
+    """open_clip's ConvNeXt (11 configs, 12 tags) and OpenAI ResNet (10 configs, 16 tags)
+    CLIPs are all built; the tags' weights, QuickGELU flags and preprocessing are open_clip's
+    (checked for every tag in test_every_tag_resolves_to_the_file_open_clip_downloads)."""
+    for prefix, n_configs, n_tags in (("convnext_", 11, 12), ("RN", 10, 16)):
+        family = {n for n in open_clip.list_models() if n.startswith(prefix)}
+        assert len(family) == n_configs and family <= set(list_models())
+        tags = [(n, t) for n, t in list_pretrained() if n in family]
+        assert tags == [(n, t) for n, t in oc_pretrained.list_pretrained() if n in family]
+        assert len(tags) == n_tags
+    rn = get_pretrained_cfg("RN50", "openai")
+    assert rn.quick_gelu and rn.hf_hub_id == "timm/resnet50_clip.openai"
+    assert get_pretrained_cfg("RN50x16", "openai").preprocess.size == 384
+    cx = get_pretrained_cfg("convnext_large_d_320", "laion2b_s29b_b131k_ft_soup")
+    assert cx.hf_hub_id == "laion/CLIP-convnext_large_d_320.laion2B-s29B-b131K-ft-soup"
+    assert not cx.quick_gelu and cx.preprocess.size == 320
+
+
 def test_coverage_counts_what_is_listed(capsys):
     assert registry.main(["--coverage"]) == 0
     out = capsys.readouterr().out
@@ -62,6 +81,8 @@ def test_coverage_counts_what_is_listed(capsys):
     )
     assert line in out, out
     assert "SigLIP / SigLIP2: 26 of 28 configs, 26 of 30 tags" in out
+    assert "ConvNeXt: 11 of 11 configs, 12 of 12 tags" in out
+    assert "OpenAI ResNet (RN*): 10 of 10 configs, 16 of 16 tags" in out
     assert get_model_config("ViT-B-32-quickgelu").quick_gelu
     assert not get_model_config("ViT-B-32").quick_gelu
 
@@ -122,14 +143,15 @@ def test_known_examples():
     assert openai.quick_gelu and openai.hf_hub_id == "timm/vit_base_patch16_clip_224.openai"
     assert get_pretrained_cfg("ViT-L-14-CLIPA", "datacomp1b").preprocess.resize_mode == "squash"
     assert "datacomp_xl_s13b_b90k" in list_pretrained_tags("ViT-B-16")
-    assert list_pretrained_tags("RN50") == [] and list_pretrained_tags("nope") == []
+    assert list_pretrained_tags("RN50") == ["openai", "yfcc15m", "cc12m"]
+    assert list_pretrained_tags("nope") == []
 
 
 def test_clear_errors():
     with pytest.raises(ValueError, match=r"unknown model 'ViT-B-33'.*did you mean.*ViT-B-32"):
         get_model_config("ViT-B-33")
-    with pytest.raises(ValueError, match="RN50.*cannot be built.*ResNet"):
-        get_model_config("RN50")
+    with pytest.raises(ValueError, match="EVA02-B-16.*cannot be built.*timm_model_name"):
+        get_model_config("EVA02-B-16")
     with pytest.raises(ValueError, match="coca_ViT-B-32.*cannot be built.*multimodal_cfg"):
         get_model_config("coca_ViT-B-32")
     with pytest.raises(ValueError, match="unknown pretrained tag 'nope'.*laion2b_s34b_b79k"):

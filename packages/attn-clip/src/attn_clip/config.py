@@ -5,13 +5,21 @@ Field names follow open_clip's ``CLIPVisionCfg`` / ``CLIPTextCfg`` so its model 
 and ``CLIPConfig.from_hf`` refuse, with the offending keys named, any feature this
 package does not implement -- a model that silently dropped one would give wrong numbers.
 
-SigLIP / SigLIP2 image towers are timm ViTs in open_clip (``vision_cfg.timm_model_name``,
-e.g. ``vit_base_patch16_siglip_224``): no class token, a patch embedding with bias, no
-``ln_pre``, a MAP attention-pool head, no projection. The timm architecture behind each
-name is read from a table generated from timm (``timm_vit`` in ``open_clip_registry.json``),
-so building one never imports timm. A tower whose architecture differs from its timm
-name's (e.g. fewer layers) is written with a ``timm_model_args`` entry listing timm's
-keyword arguments in full (attn_clip's extension; open_clip itself refuses the key).
+Three kinds of image tower (:attr:`CLIPVisionConfig.tower`), as open_clip decides:
+
+* ``"vit"``: open_clip's own ViT, or a timm ``VisionTransformer`` (SigLIP / SigLIP2:
+  ``vision_cfg.timm_model_name``, e.g. ``vit_base_patch16_siglip_224``: no class token, a
+  patch embedding with bias, no ``ln_pre``, a MAP attention-pool head, no projection);
+* ``"convnext"``: a timm ``ConvNeXt`` trunk (``timm_model_name="convnext_base"``) pooled by
+  its own head (average pool + LayerNorm), then open_clip's ``timm_proj`` head: a Linear
+  (``"linear"``) or Linear-GELU-Linear (``"mlp"``), biased per ``timm_proj_bias``;
+* ``"resnet"``: OpenAI's ModifiedResNet (``vision_cfg.layers`` a list of stage depths).
+
+The timm architecture behind each timm name is read from tables generated from timm
+(``timm_vit``, ``timm_convnext`` in ``open_clip_registry.json``), so building one never
+imports timm. A tower whose architecture differs from its timm name's (e.g. fewer layers)
+is written with a ``timm_model_args`` entry listing timm's keyword arguments in full
+(attn_clip's extension; open_clip itself refuses the key).
 """
 
 from __future__ import annotations
@@ -22,6 +30,11 @@ from typing import Any
 
 __all__ = ["CLIPConfig", "CLIPTextConfig", "CLIPVisionConfig", "PreprocessConfig"]
 
+_CONVNEXT_FIELDS = (  # attn_vision ConvNeXtConfig fields that make up the architecture
+    "depths", "dims", "patch_size", "kernel_size", "ls_init_value", "conv_mlp", "conv_bias",
+    "head_norm_first", "head_hidden_size", "norm_eps",
+)  # fmt: skip
+
 OPENAI_DATASET_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_DATASET_STD = (0.26862954, 0.26130258, 0.27577711)
 ACTS = ("gelu", "gelu_tanh", "quick_gelu")
@@ -30,13 +43,16 @@ VISION_POOLS = ("tok", "avg", "map")
 
 @dataclass
 class CLIPVisionConfig:
-    """Vision tower: a ViT with CLIP's ``ln_pre``, class token, ``ln_post`` and projection."""
+    """Vision tower: a ViT with CLIP's ``ln_pre``, class token, ``ln_post`` and projection;
+    or a timm ConvNeXt (``convnext``) with open_clip's projection head; or OpenAI's
+    ModifiedResNet (``layers`` a tuple). The ViT fields mean nothing to a ConvNeXt."""
 
     image_size: int | tuple[int, int] = 224  # input size the position embedding is laid out for
     patch_size: int = 16  # side of the square patches
-    width: int = 768  # token width
-    layers: int = 12  # transformer blocks
-    head_width: int = 64  # width of one attention head (heads = width // head_width)
+    width: int = 768  # token width (ResNet: the stem's; ConvNeXt: set to its last dims entry)
+    # transformer blocks; a tuple: bottleneck blocks per stage of a ModifiedResNet
+    layers: int | tuple[int, ...] = 12
+    head_width: int = 64  # width of one attention head (ResNet: of the attention pool's)
     mlp_ratio: float = 4.0  # MLP hidden width = int(width * mlp_ratio)
     ls_init_value: float | None = None  # LayerScale init; None = no layer scale
     no_ln_pre: bool = False  # drop the LayerNorm before the blocks (CLIPA)
@@ -46,30 +62,76 @@ class CLIPVisionConfig:
     norm_eps: float = 1e-5  # LayerNorm epsilon
     class_token: bool = True  # prepend a class token (SigLIP's towers have none)
     patch_bias: bool = False  # bias in the patch embedding (SigLIP's timm towers)
-    proj_type: str = "linear"  # "linear" (bias-free projection) or "none" (embed_dim == width)
-    timm_model_name: str | None = None  # the timm ViT this tower is, as open_clip names it
+    # "linear" (ViT: bias-free; ConvNeXt: open_clip's head.proj), "mlp" (ConvNeXt: head.mlp,
+    # Linear-GELU-Linear, 2 * embed_dim wide) or "none" (embed_dim == width)
+    proj_type: str = "linear"
+    proj_bias: bool = False  # bias in a ConvNeXt's projection (open_clip's timm_proj_bias)
+    timm_model_name: str | None = None  # the timm model this tower is, as open_clip names it
+    convnext: dict[str, Any] | None = None  # a ConvNeXt: its attn_vision ConvNeXtConfig fields
 
     def __post_init__(self) -> None:
         if isinstance(self.image_size, list):
             self.image_size = tuple(self.image_size)
+        if isinstance(self.layers, list):
+            self.layers = tuple(self.layers)
+        if self.act not in ACTS:
+            raise ValueError(f"vision act must be one of {ACTS}, got {self.act!r}")
+        if self.proj_type not in ("linear", "mlp", "none"):
+            raise ValueError(
+                f"vision proj_type must be 'linear', 'mlp' or 'none', got {self.proj_type!r}"
+            )
+        if self.convnext is not None:
+            self.convnext = _convnext_fields(self.convnext)
+            self.width = self.convnext["dims"][-1]  # what the projection gets, always
+            if self.proj_type == "none":
+                raise ValueError("a ConvNeXt tower needs proj_type 'linear' or 'mlp'")
+            return
+        if self.proj_type == "mlp" or self.proj_bias:
+            raise ValueError("proj_type='mlp' and proj_bias=True are for ConvNeXt towers only")
+        if self.tower == "resnet":
+            if isinstance(self.image_size, tuple) and len(set(self.image_size)) != 1:
+                raise ValueError(f"a ResNet tower needs square images, got {self.image_size}")
+            if (self.width * 32) % self.head_width:
+                raise ValueError(
+                    f"ResNet width * 32 ({self.width * 32}) must be divisible by head_width "
+                    f"({self.head_width})"
+                )
+            return
         if self.pool_type not in VISION_POOLS:
             raise ValueError(
                 f"vision pool_type must be one of {VISION_POOLS}, got {self.pool_type!r}"
             )
         if self.pool_type == "tok" and not self.class_token:
             raise ValueError("vision pool_type='tok' needs class_token=True")
-        if self.proj_type not in ("linear", "none"):
-            raise ValueError(f"vision proj_type must be 'linear' or 'none', got {self.proj_type!r}")
-        if self.act not in ACTS:
-            raise ValueError(f"vision act must be one of {ACTS}, got {self.act!r}")
         if self.width % self.head_width:
             raise ValueError(
                 f"vision width ({self.width}) must be divisible by head_width ({self.head_width})"
             )
 
     @property
+    def tower(self) -> str:
+        """``"resnet"`` (OpenAI's ModifiedResNet), ``"convnext"`` (timm's) or ``"vit"``."""
+        if self.convnext is not None:
+            return "convnext"
+        return "resnet" if isinstance(self.layers, tuple) else "vit"
+
+    @property
     def heads(self) -> int:
-        return self.width // self.head_width
+        """Attention heads (ResNet: of the attention pool over ``32 * width`` channels)."""
+        width = self.width * 32 if self.tower == "resnet" else self.width
+        return width // self.head_width
+
+
+def _convnext_fields(d: dict[str, Any]) -> dict[str, Any]:
+    """The ConvNeXt architecture fields, complete and checked (tuples, attn_vision's defaults)."""
+    from attn_vision.convnext import ConvNeXtConfig
+
+    unknown = sorted(set(d) - set(_CONVNEXT_FIELDS))
+    if unknown:
+        raise ValueError(f"unknown ConvNeXt field(s): {', '.join(unknown)}; "
+                         f"expected some of {list(_CONVNEXT_FIELDS)}")  # fmt: skip
+    c = ConvNeXtConfig(**d)
+    return {k: getattr(c, k) for k in _CONVNEXT_FIELDS}
 
 
 @dataclass
@@ -168,8 +230,10 @@ _OPEN_CLIP_VIT_KEYS = {
     "attn_pooler_heads", *_VISION_NOOP,
 }  # fmt: skip
 # timm-tower keys that do not change inference: the init of the timm weights, dropout
-# while training, the bias of a projection we refuse anyway ("linear")
-_TIMM_IGNORED = ("timm_model_pretrained", "timm_drop", "timm_drop_path", "timm_proj_bias")
+# and stochastic depth while training
+_TIMM_IGNORED = ("timm_model_pretrained", "timm_drop", "timm_drop_path")
+# what open_clip's ModifiedResNet reads from vision_cfg (heads = width * 32 // head_width)
+_RESNET_KEYS = ("image_size", "layers", "width", "head_width")
 
 # timm ``VisionTransformer`` keyword arguments a timm tower may have, with timm's defaults;
 # the ones after ``act_layer`` must keep their default
@@ -193,6 +257,30 @@ TIMM_VIT_DEFAULTS: dict[str, Any] = {
 _TIMM_FIXED = ("qkv_bias", "final_norm", "fc_norm", "no_embed_class")
 _TIMM_ACTS = {None: "gelu", "gelu": "gelu", "gelu_tanh": "gelu_tanh", "quick_gelu": "quick_gelu"}
 _TIMM_POOLS = {"token": "tok", "avg": "avg", "map": "map"}
+# timm ``ConvNeXt`` keyword arguments, with timm's defaults; the _FIXED ones must keep theirs
+TIMM_CONVNEXT_DEFAULTS: dict[str, Any] = {
+    "depths": (3, 3, 9, 3),
+    "dims": (96, 192, 384, 768),
+    "kernel_sizes": 7,
+    "ls_init_value": 1e-6,
+    "patch_size": 4,
+    "head_norm_first": False,
+    "conv_mlp": False,
+    "conv_bias": True,
+    "norm_eps": None,  # None = timm's LayerNorm default, 1e-6
+    "head_hidden_size": None,  # (open_clip's head would read dims[-1] features: refused)
+    "stem_type": "patch",
+    "use_grn": False,
+    "act_layer": "gelu",
+    "norm_layer": None,
+    "output_stride": 32,
+    "in_chans": 3,
+}
+_TIMM_CONVNEXT_FIXED = (
+    "head_hidden_size", "stem_type", "use_grn", "act_layer", "norm_layer", "output_stride",
+    "in_chans",
+)  # fmt: skip
+_TIMM_CONVNEXT_IGNORED = ("drop_rate", "drop_path_rate", "head_init_scale")  # training / init
 # transformers ``hidden_act`` -> ours
 _HF_ACTS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "quick_gelu": "quick_gelu"}
 
@@ -227,10 +315,10 @@ def _to_2tuple(x: Any) -> tuple[int, int]:
     return tuple(x) if isinstance(x, (list, tuple)) else (x, x)
 
 
-def _shipped_timm_vit() -> dict[str, dict[str, Any]]:
-    from .registry import timm_vit_table  # (registry imports this module)
+def _shipped_timm_tables() -> dict[str, dict[str, dict[str, Any]]]:
+    from .registry import timm_tables  # (registry imports this module)
 
-    return timm_vit_table()
+    return timm_tables()
 
 
 def timm_vision_config(
@@ -239,9 +327,11 @@ def timm_vision_config(
     image_size: Any,
     timm_pool: str = "avg",
     timm_proj: str | None = "linear",
+    timm_proj_bias: bool = False,
 ) -> CLIPVisionConfig:
     """The :class:`CLIPVisionConfig` of open_clip's timm tower: timm ViT ``name`` built with
-    keyword arguments ``args``, pooled by ``timm_pool``, projected by ``timm_proj``.
+    keyword arguments ``args``, pooled by ``timm_pool``, projected by ``timm_proj`` (only
+    ``"none"`` is built, so ``timm_proj_bias`` is moot).
 
     Raises ``ValueError`` naming each argument attn_clip cannot build.
     """
@@ -309,6 +399,79 @@ def timm_vit_args(v: CLIPVisionConfig) -> dict[str, Any]:
     }
 
 
+def timm_convnext_config(
+    name: str,
+    args: dict[str, Any],
+    image_size: Any,
+    timm_pool: str = "avg",
+    timm_proj: str | None = "linear",
+    timm_proj_bias: bool = False,
+) -> CLIPVisionConfig:
+    """The :class:`CLIPVisionConfig` of open_clip's timm ConvNeXt tower: timm ConvNeXt
+    ``name`` built with keyword arguments ``args``, its classifier reset (average pool +
+    LayerNorm kept), then ``timm_proj``: ``"linear"`` or ``"mlp"``, biased per
+    ``timm_proj_bias``. Raises ``ValueError`` naming each argument attn_clip cannot build."""
+    a = {**TIMM_CONVNEXT_DEFAULTS, **args}
+    known = (*TIMM_CONVNEXT_DEFAULTS, *_TIMM_CONVNEXT_IGNORED)
+    bad = [f"{k}={v!r}" for k, v in args.items() if k not in known]
+    bad += [f"{k}={a[k]!r}" for k in _TIMM_CONVNEXT_FIXED if a[k] != TIMM_CONVNEXT_DEFAULTS[k]]
+    kernel = a["kernel_sizes"]
+    if isinstance(kernel, (list, tuple)):
+        if len(set(kernel)) != 1:
+            bad.append(f"kernel_sizes={kernel!r} (one size for every stage)")
+        kernel = kernel[0]
+    if timm_pool not in ("", "avg"):
+        bad.append(f"timm_pool={timm_pool!r} (expected '' or 'avg')")
+    if timm_proj not in ("linear", "mlp"):
+        bad.append(f"timm_proj={timm_proj!r} (expected 'linear' or 'mlp')")
+    if bad:
+        raise ValueError(f"timm ConvNeXt {name!r} with {', '.join(bad)}")
+    convnext = {
+        "depths": a["depths"],
+        "dims": a["dims"],
+        "patch_size": a["patch_size"],
+        "kernel_size": kernel,
+        "ls_init_value": a["ls_init_value"],
+        "conv_mlp": a["conv_mlp"],
+        "conv_bias": a["conv_bias"],
+        "head_norm_first": a["head_norm_first"],
+        "norm_eps": 1e-6 if a["norm_eps"] is None else a["norm_eps"],
+    }
+    return CLIPVisionConfig(
+        image_size=image_size,
+        width=a["dims"][-1],  # what the pooled, normalized features feed the projection
+        pool_type="avg",
+        proj_type=timm_proj,
+        proj_bias=bool(timm_proj_bias),
+        timm_model_name=name,
+        convnext=convnext,
+    )
+
+
+def timm_convnext_args(v: CLIPVisionConfig) -> dict[str, Any]:
+    """timm ``ConvNeXt`` keyword arguments of a ConvNeXt tower (inverse of
+    :func:`timm_convnext_config`)."""
+    c = v.convnext
+    return {
+        "depths": list(c["depths"]),
+        "dims": list(c["dims"]),
+        "kernel_sizes": c["kernel_size"],
+        "ls_init_value": c["ls_init_value"],
+        "patch_size": c["patch_size"],
+        "head_norm_first": c["head_norm_first"],
+        "conv_mlp": c["conv_mlp"],
+        "conv_bias": c["conv_bias"],
+        "norm_eps": c["norm_eps"],
+    }
+
+
+# a table of open_clip_registry.json -> (its timm models' kwargs -> our config, the inverse)
+TIMM_FAMILIES = {
+    "timm_vit": (timm_vision_config, timm_vit_args),
+    "timm_convnext": (timm_convnext_config, timm_convnext_args),
+}
+
+
 @dataclass
 class CLIPConfig:
     """A CLIP model: two towers projecting to a shared ``embed_dim`` space + logit scale/bias."""
@@ -364,14 +527,15 @@ class CLIPConfig:
 
     @classmethod
     def from_open_clip(
-        cls, cfg: dict[str, Any], timm_vit: dict[str, dict[str, Any]] | None = None
+        cls, cfg: dict[str, Any], timm_tables: dict[str, dict[str, Any]] | None = None
     ) -> CLIPConfig:
         """Build from an open_clip model config dict (``open_clip.get_model_config(name)``).
 
-        ``timm_vit``: timm ViT name -> keyword arguments, for timm towers (default: the
-        table shipped with attn_clip). Raises ``ValueError`` naming every key that asks for
-        a feature not built here (Hugging Face text towers, ResNets, attentional pooling,
-        CoCa, timm towers other than plain ViTs, ...).
+        ``timm_tables``: ``{"timm_vit": {name: kwargs}, "timm_convnext": {...}}``, timm's
+        keyword arguments of the timm towers (default: the tables shipped with attn_clip).
+        Raises ``ValueError`` naming every key that asks for a feature not built here
+        (Hugging Face text towers, attentional pooling, CoCa, timm towers other than plain
+        ViTs and ConvNeXts, ...).
         """
         cfg = {k: v for k, v in cfg.items()}
         vcfg, tcfg = dict(cfg.pop("vision_cfg")), dict(cfg.pop("text_cfg"))
@@ -387,27 +551,39 @@ class CLIPConfig:
         vision = None
         timm_name = vcfg.pop("timm_model_name", None)
         if timm_name:  # a timm tower: its architecture comes from timm, not from vision_cfg
-            table = _shipped_timm_vit() if timm_vit is None else timm_vit
-            args = vcfg.pop("timm_model_args", None) or table.get(timm_name)
+            tables = _shipped_timm_tables() if timm_tables is None else timm_tables
+            family = next((f for f in TIMM_FAMILIES if timm_name in tables.get(f, {})), None)
+            args = vcfg.pop("timm_model_args", None)
+            if args is None and family is not None:
+                args = tables[family][timm_name]
             for k in _TIMM_IGNORED:
                 vcfg.pop(k, None)
             pool, proj = vcfg.pop("timm_pool", "avg"), vcfg.pop("timm_proj", "linear")
+            proj_bias = vcfg.pop("timm_proj_bias", False)
             image_size = vcfg.pop("image_size", 224)
             bad += [f"vision_cfg.{k}" for k in vcfg if k not in _OPEN_CLIP_VIT_KEYS]
-            if args is None:
-                bad.append(f"vision_cfg.timm_model_name={timm_name!r} (not a plain timm ViT)")
+            if family is None:
+                bad.append(
+                    f"vision_cfg.timm_model_name={timm_name!r} (not a plain timm ViT or ConvNeXt)"
+                )
             else:
                 try:
-                    vision = timm_vision_config(timm_name, args, image_size, pool, proj)
+                    to_config = TIMM_FAMILIES[family][0]
+                    vision = to_config(timm_name, args, image_size, pool, proj, proj_bias)
                 except ValueError as e:
                     bad.append(f"vision_cfg.timm_model_name={timm_name!r} ({e})")
+        elif isinstance(vcfg.get("layers"), (list, tuple)):  # OpenAI's ModifiedResNet
+            for k, allowed in _VISION_NOOP.items():
+                if k in vcfg and not _is_noop(vcfg.pop(k), allowed):
+                    bad.append(f"vision_cfg.{k}")
+            vcfg.pop("patch_size", None)  # (None in open_clip's RN configs; unused)
+            bad += [f"vision_cfg.{k} (ResNet tower)" for k in vcfg if k not in _RESNET_KEYS]
+            if not bad:
+                vision = CLIPVisionConfig(**vcfg, act=act)
         else:
             for k, allowed in _VISION_NOOP.items():
                 if k in vcfg and not _is_noop(vcfg.pop(k), allowed):
                     bad.append(f"vision_cfg.{k}")
-            if isinstance(vcfg.get("layers"), (list, tuple)):
-                bad.append("vision_cfg.layers (ResNet tower)")
-                vcfg.pop("layers")
             vcfg = {k: v for k, v in vcfg.items() if not k.startswith("timm_")}
             v_eps = _norm_eps(vcfg, "vision_cfg", bad)
             v_act = _act(act, vcfg, "vision_cfg", bad)
@@ -442,28 +618,32 @@ class CLIPConfig:
         """open_clip's ``vision_cfg`` of a timm tower; ``timm_model_args`` when the tower is
         not exactly its timm name's architecture."""
         v = self.vision
-        args = timm_vit_args(v)  # raises if timm cannot express it
+        family = "timm_convnext" if v.tower == "convnext" else "timm_vit"
+        to_config, to_args = TIMM_FAMILIES[family]
+        args = to_args(v)  # raises if timm cannot express it
+        pool = args.pop("global_pool", "")  # (a ConvNeXt: its own average pool)
         image_size = list(v.image_size) if isinstance(v.image_size, tuple) else v.image_size
         out = {
             "image_size": image_size,
             "timm_model_name": v.timm_model_name,
             "timm_model_pretrained": False,
-            "timm_pool": args["global_pool"],
-            "timm_proj": "none",
+            "timm_pool": pool,
+            "timm_proj": v.proj_type,
+            "timm_proj_bias": v.proj_bias,
         }
-        preset = _shipped_timm_vit().get(v.timm_model_name)
+        preset = _shipped_timm_tables()[family].get(v.timm_model_name)
         try:
             same = (
                 preset is not None
-                and timm_vision_config(
-                    v.timm_model_name, preset, v.image_size, out["timm_pool"], "none"
+                and to_config(
+                    v.timm_model_name, preset, v.image_size, pool, v.proj_type, v.proj_bias
                 )
                 == v
             )
         except ValueError:
             same = False
         if not same:
-            out["timm_model_args"] = {k: a for k, a in args.items() if k != "global_pool"}
+            out["timm_model_args"] = args
         return out
 
     def to_open_clip(self) -> dict[str, Any]:
@@ -474,6 +654,14 @@ class CLIPConfig:
             raise ValueError("open_clip configs have one QuickGELU flag for both towers")
         if v.timm_model_name:
             vision_cfg = self._timm_vision_cfg()
+        elif v.tower == "resnet":
+            vision_cfg = {
+                "image_size": v.image_size,
+                "layers": list(v.layers),
+                "width": v.width,
+                "head_width": v.head_width,
+                "patch_size": None,
+            }
         else:
             vision_cfg = {
                 "image_size": (

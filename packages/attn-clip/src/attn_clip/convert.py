@@ -5,13 +5,19 @@ Sources (detected from tell-tale keys by :func:`detect_format`):
 * ``open_clip``  -- open_clip ``CLIP`` / OpenAI CLIP (``visual.conv1.weight``,
   ``transformer.resblocks.0.attn.in_proj_weight``, ``text_projection``, ...). Also what
   OpenAI's TorchScript ``.pt`` archives hold once their ``state_dict()`` is taken,
-  open_clip's ``CustomTextCLIP`` layout (the same keys under ``text.``), and its timm
-  image towers (SigLIP: ``visual.trunk.*``, timm's names, which are ours).
+  open_clip's ``CustomTextCLIP`` layout (the same keys under ``text.``), its timm
+  image towers (SigLIP, ConvNeXt: ``visual.trunk.*``, timm's names, which are ours, and
+  ``visual.head.proj`` / ``visual.head.mlp``, ours too), and OpenAI's ResNets
+  (``visual.conv1`` ... ``visual.attnpool.*``, ours under ``visual.trunk.``).
 * ``hf``         -- transformers ``CLIPModel`` (``text_model.*``, ``vision_model.*``,
   separate ``q_proj`` / ``k_proj`` / ``v_proj`` that are fused into one ``qkv``).
 * ``hf_siglip``  -- transformers ``SiglipModel`` / ``Siglip2Model`` (the same, plus
   ``vision_model.head.*``, the MAP head, and ``text_model.head``, the text projection).
 * ``attn_clip``  -- our own names (``visual.trunk.*``, ``text.blocks.*``): identity.
+
+BatchNorm's ``num_batches_tracked`` counters (ResNet towers) that a checkpoint leaves out are
+filled in as zeros by :func:`fit_to_model`, as ``torch.nn.BatchNorm2d`` does; they change
+nothing in eval mode.
 
 Every converter consumes each input key exactly once; a key no rule knows raises
 ``ValueError`` naming it. :func:`attn_core.hub.load_state_dict` then compares against the
@@ -94,12 +100,9 @@ def detect_format(sd: Mapping[str, torch.Tensor]) -> str:
         siglip = "vision_model.head.probe" in keys or "text_model.head.weight" in keys
         return "hf_siglip" if siglip else "hf"
     text = "positional_embedding" in keys or "text.positional_embedding" in keys
-    if text and ("visual.conv1.weight" in keys or "visual.trunk.patch_embed.proj.weight" in keys):
+    # open_clip's own ViT or ResNet (visual.conv1), or a timm tower (visual.trunk.*)
+    if text and any(k == "visual.conv1.weight" or k.startswith("visual.trunk.") for k in keys):
         return "open_clip"
-    if "visual.layer1.0.conv1.weight" in keys or "visual.trunk.stem.0.weight" in keys:
-        raise ValueError(
-            "this is a ResNet / ConvNeXt-tower CLIP checkpoint; attn_clip builds ViT CLIPs"
-        )
     sample = sorted(keys)[:8]
     raise ValueError(
         f"unrecognised CLIP checkpoint: none of the open_clip / OpenAI (visual.conv1.weight), "
@@ -164,6 +167,9 @@ def convert_open_clip(sd: Mapping[str, torch.Tensor]) -> StateDict:
     c.move("text_projection.bias", "text.proj.bias")
     # vision tower
     v = "visual.trunk."
+    if "visual.attnpool.c_proj.weight" in c.sd:  # OpenAI's ModifiedResNet: names are ours
+        for key in [k for k in c.sd if k.startswith("visual.")]:
+            c.out[v + key[len("visual.") :]] = c.sd.pop(key)
     c.move("visual.conv1.weight", v + "patch_embed.proj.weight")
     c.move("visual.class_embedding", v + "cls_token", lambda t: t.reshape(1, 1, -1))
     c.move("visual.positional_embedding", v + "pos_embed", _pos_2d)
@@ -175,9 +181,11 @@ def convert_open_clip(sd: Mapping[str, torch.Tensor]) -> StateDict:
     c.move("visual.ln_post.weight", v + "norm.weight")
     c.move("visual.ln_post.bias", v + "norm.bias")
     c.move("visual.proj", "visual.proj.weight", _transpose)
-    # a timm tower (SigLIP): timm's names are attn_vision's, the MAP head included
+    # a timm tower (SigLIP, ConvNeXt): timm's names are attn_vision's, the MAP head
+    # included; a ConvNeXt's projection head (head.proj or head.mlp) is ours too
     c.prefix("visual.trunk.", v)
-    c.move("visual.head.proj.weight", "visual.proj.weight")  # open_clip's timm_proj="linear"
+    c.prefix("visual.head.proj.", "visual.head.proj.")
+    c.prefix("visual.head.mlp.fc", "visual.head.mlp.fc")
     # temperature / bias: open_clip may store them as (1,) tensors
     c.move("logit_scale", "logit_scale", lambda t: t.reshape(()))
     c.move("logit_bias", "logit_bias", lambda t: t.reshape(()))
@@ -322,12 +330,14 @@ _BLOCK_PREFIXES = {
 def to_open_clip(sd: Mapping[str, torch.Tensor]) -> StateDict:
     """attn_clip state dict -> open_clip ``CLIP`` names (what open_clip's loader reads).
 
-    An image tower without class token, or with a patch bias or a MAP head (SigLIP) keeps
-    timm's names under ``visual.trunk.``, as open_clip's timm towers have them.
+    An image tower without class token, or with a patch bias or a MAP head (SigLIP), or a
+    ConvNeXt keeps timm's names under ``visual.trunk.``, as open_clip's timm towers have
+    them; a ResNet's are open_clip's under ``visual.``.
     """
     inv_block = {v: k for k, v in _OPEN_CLIP_BLOCK.items()}
     has_text_bias = "text.proj.bias" in sd
-    timm_tower = (
+    resnet = "visual.trunk.attnpool.c_proj.weight" in sd
+    timm_tower = not resnet and (
         "visual.trunk.cls_token" not in sd
         or "visual.trunk.patch_embed.proj.bias" in sd
         or "visual.trunk.attn_pool.latent" in sd
@@ -335,7 +345,9 @@ def to_open_clip(sd: Mapping[str, torch.Tensor]) -> StateDict:
     out: StateDict = {}
     for k, t in sd.items():
         prefix = next((p for p in _BLOCK_PREFIXES if k.startswith(p)), None)
-        if timm_tower and k.startswith("visual.trunk."):
+        if resnet and k.startswith("visual.trunk."):
+            out["visual." + k[len("visual.trunk.") :]] = t
+        elif timm_tower and k.startswith(("visual.trunk.", "visual.head.")):
             out[k] = t
         elif timm_tower and k == "visual.proj.weight":
             out["visual.head.proj.weight"] = t
@@ -355,7 +367,9 @@ def to_open_clip(sd: Mapping[str, torch.Tensor]) -> StateDict:
 
 
 def fit_to_model(sd: StateDict, expected: Mapping[str, torch.Tensor]) -> StateDict:
-    """Rename ``ln_post`` to ``fc_norm`` when the model normalizes after pooling.
+    """Rename ``ln_post`` to ``fc_norm`` when the model normalizes after pooling; fill in
+    BatchNorm ``num_batches_tracked`` counters the checkpoint left out (zeros, as torch's
+    BatchNorm does; unused in eval mode).
 
     Everything else (missing / unexpected keys, shapes, dtypes, finite values) is checked
     by :func:`attn_core.hub.load_state_dict`.
@@ -365,4 +379,7 @@ def fit_to_model(sd: StateDict, expected: Mapping[str, torch.Tensor]) -> StateDi
         src, dst = f"visual.trunk.norm.{kind}", f"visual.trunk.fc_norm.{kind}"
         if src in sd and src not in expected and dst in expected:
             sd[dst] = sd.pop(src)
+    for key, t in expected.items():
+        if key.endswith(".num_batches_tracked") and key not in sd:
+            sd[key] = torch.zeros((), dtype=t.dtype)
     return sd

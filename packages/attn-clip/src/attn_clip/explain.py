@@ -52,6 +52,17 @@ __all__ = [
 METHODS = ("relevancy", "rollout")
 
 
+def _vit_trunk(model: CLIP) -> torch.nn.Module:
+    """The ViT trunk whose attention is read; ``ValueError`` for ConvNeXt / ResNet towers."""
+    tower = model.config.vision.tower
+    if tower != "vit":
+        raise ValueError(
+            f"relevancy heatmaps read a ViT image tower's attention; this model's image "
+            f"tower is a {'ConvNeXt' if tower == 'convnext' else 'ResNet'}"
+        )
+    return model.visual.trunk
+
+
 def _pooled_rows(R: torch.Tensor, num_prefix: int, pooled_by_token: bool) -> torch.Tensor:
     """``(B, N, N)`` token-to-input relevance -> ``(B, L)`` relevance of each patch."""
     rows = R[:, 0] if pooled_by_token and num_prefix else R[:, num_prefix:].mean(dim=1)
@@ -64,7 +75,7 @@ def image_features_with_attention(
     """``encode_image`` block by block: ``(B, E)`` embeddings (not normalized) and every
     block's attention weights ``(B, Hd, N, N)``, all in the autograd graph (the input
     tokens are a leaf that requires grad, so this works for frozen models too)."""
-    trunk = model.visual.trunk
+    trunk = _vit_trunk(model)
     images = model.visual.prepare(images)
     rotary = trunk.rotary(images.shape[-2:])  # 2D RoPE (EVA02), or None
     x = trunk._embed(images)  # (B, N, D)
@@ -99,7 +110,7 @@ def image_relevancy(
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    trunk = model.visual.trunk
+    trunk = _vit_trunk(model)
     images = model.visual.prepare(images)  # (the weights' dtype, whole patches)
     B, _, H, W = images.shape
     ph, pw = trunk.patch_embed.patch_size
@@ -217,7 +228,8 @@ def explain_image(
     from .tokenizer import get_tokenizer
     from .transforms import image_transform
 
-    device = model.visual.proj.weight.device
+    _vit_trunk(model)
+    device = model.logit_scale.device
     transform = transform or image_transform(model.preprocess_cfg)
     x = transform(image.convert("RGB"))[None].to(device)  # (1, 3, H, W)
     if isinstance(target, str):

@@ -182,7 +182,8 @@ def load_checkpoint(
 
 
 def _with_overrides(config: CLIPConfig, overrides: dict[str, Any]) -> CLIPConfig:
-    """``config`` with top-level fields and ``vision={...}`` / ``text={...}`` fields replaced."""
+    """``config`` with top-level fields and ``vision={...}`` / ``text={...}`` fields replaced
+    (a dict field is updated: ``vision={"convnext": {"depths": (1, 1, 2, 1)}}``)."""
     top = {f.name for f in fields(CLIPConfig)}
     unknown = sorted(set(overrides) - top)
     sub = {"vision": CLIPVisionConfig, "text": CLIPTextConfig}
@@ -198,7 +199,12 @@ def _with_overrides(config: CLIPConfig, overrides: dict[str, Any]) -> CLIPConfig
         )
     for key in sub:
         if isinstance(overrides.get(key), Mapping):
-            overrides = {**overrides, key: replace(getattr(config, key), **overrides[key])}
+            tower = getattr(config, key)
+            fields_ = dict(overrides[key])
+            for name, value in fields_.items():  # dict fields merge: convnext={"depths": ...}
+                if isinstance(value, Mapping) and isinstance(getattr(tower, name), dict):
+                    fields_[name] = {**getattr(tower, name), **value}
+            overrides = {**overrides, key: replace(tower, **fields_)}
     return replace(config, **overrides)
 
 

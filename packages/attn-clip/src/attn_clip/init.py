@@ -20,6 +20,11 @@ def init_vision_like_open_clip(model: nn.Module) -> None:
     at the start (cosine ~0.9999) and the contrastive loss sits at ``ln(batch)`` for a long
     time before it starts to fall.
     """
+    if model.config.vision.tower != "vit":
+        raise ValueError(
+            f"init_vision_like_open_clip re-initialises a ViT image tower; this one is a "
+            f"{model.config.vision.tower} (open_clip initialises those as timm / OpenAI do)"
+        )
     trunk, width = model.visual.trunk, model.config.vision.width
     layers = model.config.vision.layers
     attn_std, fc_std = width**-0.5, (2 * width) ** -0.5

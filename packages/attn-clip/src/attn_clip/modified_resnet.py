@@ -66,14 +66,16 @@ class Bottleneck(nn.Module):
 class AttentionPool2d(nn.Module):
     """``(B, C, H, W)`` -> ``(B, E)``: the mean feature attends over ``[mean, features]``."""
 
-    def __init__(self, grid: int, embed_dim: int, num_heads: int, output_dim: int) -> None:
+    def __init__(
+        self, grid: int, embed_dim: int, num_heads: int, output_dim: int, weight_init: bool = True
+    ) -> None:
         super().__init__()
         if embed_dim % num_heads:
             raise ValueError(f"width {embed_dim} must be divisible by heads ({num_heads})")
         self.grid, self.num_heads = grid, num_heads
-        self.positional_embedding = nn.Parameter(
-            torch.randn(grid**2 + 1, embed_dim) / embed_dim**0.5
-        )
+        self.positional_embedding = nn.Parameter(torch.empty(grid**2 + 1, embed_dim))
+        if weight_init:
+            nn.init.normal_(self.positional_embedding, std=embed_dim**-0.5)
         self.k_proj = nn.Linear(embed_dim, embed_dim)
         self.q_proj = nn.Linear(embed_dim, embed_dim)
         self.v_proj = nn.Linear(embed_dim, embed_dim)
@@ -108,6 +110,7 @@ class ModifiedResNet(nn.Module):
         heads: attention-pool heads (open_clip: ``width * 32 // 64``).
         image_size: input side; the attention pool's position embedding is laid out for it.
         width: stem output channels; stage ``i`` has ``width * 2**i`` planes.
+        weight_init: False skips the random init (weights are about to be loaded).
     """
 
     def __init__(
@@ -117,6 +120,7 @@ class ModifiedResNet(nn.Module):
         heads: int,
         image_size: int = 224,
         width: int = 64,
+        weight_init: bool = True,
     ) -> None:
         super().__init__()
         self.output_dim, self.image_size = output_dim, image_size
@@ -138,8 +142,11 @@ class ModifiedResNet(nn.Module):
             inplanes = planes * Bottleneck.expansion
             blocks += [Bottleneck(inplanes, planes) for _ in range(1, n)]
             self.add_module(f"layer{i + 1}", nn.Sequential(*blocks))
-        self.attnpool = AttentionPool2d(image_size // 32, width * 32, heads, output_dim)
-        self.init_parameters()
+        self.attnpool = AttentionPool2d(
+            image_size // 32, width * 32, heads, output_dim, weight_init=weight_init
+        )
+        if weight_init:
+            self.init_parameters()
 
     @torch.no_grad()
     def init_parameters(self) -> None:

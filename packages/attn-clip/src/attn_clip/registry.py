@@ -3,9 +3,11 @@
 ``list_models()`` is every open_clip architecture attn_clip can build (the ViT CLIPs:
 ``ViT-B-32``, ``ViT-B-16``, ``ViT-L-14``, ``ViT-H-14``, ``ViT-bigG-14``, the
 ``-quickgelu`` variants, ...; SigLIP / SigLIP2: ``ViT-B-16-SigLIP``,
-``ViT-SO400M-14-SigLIP-384``, ...) plus attn_clip's bundled models; ``list_pretrained()`` the
-open_clip ``(name, tag)`` pairs; ``get_pretrained_cfg(name, tag)`` says where open_clip
-would download the weights from and how images must be preprocessed for them.
+``ViT-SO400M-14-SigLIP-384``, ...; ConvNeXt: ``convnext_base_w``, ``convnext_large_d``,
+...; OpenAI's ResNets: ``RN50``, ``RN50x4``, ...) plus attn_clip's bundled models;
+``list_pretrained()`` the open_clip ``(name, tag)`` pairs; ``get_pretrained_cfg(name, tag)``
+says where open_clip would download the weights from and how images must be preprocessed
+for them.
 
 The names, model configs and pretrained locations are read from ``open_clip_registry.json``
 next to this file, so none of this imports open_clip (which takes seconds). That file,
@@ -18,8 +20,9 @@ and ``imagenet_zero_shot.json`` (OpenAI's ImageNet class names and prompt templa
 
 (``tests/clip/test_registry.py`` runs the check, so an open_clip upgrade that changes
 them, or a config feature attn_clip learns, fails until the files are rebuilt.) The
-SigLIP image towers are timm ViTs named in open_clip's configs; the table also holds the
-timm keyword arguments of each such name (``timm_vit``, read from the installed timm).
+SigLIP and ConvNeXt image towers are timm models named in open_clip's configs; the table
+also holds the timm keyword arguments of each such name (``timm_vit``, ``timm_convnext``,
+read from the installed timm).
 
 attn_clip also has *bundled* models of its own, whose weights ship inside the package
 (no network): ``demo-shapes``, a small CLIP trained by ``scripts/train_clip.py`` on the
@@ -140,16 +143,24 @@ PRETRAINED_FIELDS: dict[str, Any] = {
 @functools.cache
 def _table() -> dict[str, Any]:
     """The shipped copy of open_clip's registry (``models``, ``unsupported``, ``pretrained``,
-    ``unsupported_pretrained``, ``timm_vit``)."""
+    ``unsupported_pretrained``, ``timm_vit``, ``timm_convnext``)."""
     with open(TABLE_FILE, encoding="utf-8") as f:
         return json.load(f)
 
 
-def timm_vit_table() -> dict[str, dict[str, Any]]:
-    """timm ViT name -> its ``VisionTransformer`` keyword arguments, for every timm tower
-    named in open_clip's configs whose model is timm's plain ``VisionTransformer`` (whether
-    attn_clip builds it or not)."""
-    return _table()["timm_vit"]
+# table name -> (timm module, the builder its entrypoints call with the model's kwargs)
+TIMM_BUILDERS = {
+    "timm_vit": ("vision_transformer", "_create_vision_transformer"),
+    "timm_convnext": ("convnext", "_create_convnext"),
+}
+
+
+def timm_tables() -> dict[str, dict[str, dict[str, Any]]]:
+    """``{"timm_vit": {name: kwargs}, "timm_convnext": {name: kwargs}}``: the keyword
+    arguments timm builds each timm tower named in open_clip's configs with, for the
+    models that are timm's plain ``VisionTransformer`` or ``ConvNeXt`` (whether attn_clip
+    builds them or not)."""
+    return {name: _table()[name] for name in TIMM_BUILDERS}
 
 
 def _clean_tag(tag: str) -> str:
@@ -276,12 +287,12 @@ def build_tables() -> dict[str, dict[str, Any]]:
 
     configs = {name: open_clip.get_model_config(name) for name in open_clip.list_models()}
     timm_names = {c["vision_cfg"].get("timm_model_name") for c in configs.values()}
-    timm_vit = _timm_vit_args(sorted(n for n in timm_names if n))
+    timm_args = _timm_model_args(sorted(n for n in timm_names if n))
     models: dict[str, Any] = {}
     unsupported: dict[str, str] = {}
     for name, cfg in configs.items():
         try:
-            CLIPConfig.from_open_clip(copy.deepcopy(cfg), timm_vit=timm_vit)
+            CLIPConfig.from_open_clip(copy.deepcopy(cfg), timm_tables=timm_args)
         except (ValueError, TypeError, KeyError) as e:
             unsupported[name] = str(e)
         else:
@@ -308,7 +319,7 @@ def build_tables() -> dict[str, dict[str, Any]]:
             "unsupported": unsupported,
             "pretrained": pretrained,
             "unsupported_pretrained": unsupported_pretrained,
-            "timm_vit": timm_vit,
+            **timm_args,
         },
         ZERO_SHOT_FILE.name: {
             "open_clip_version": open_clip.__version__,
@@ -319,14 +330,16 @@ def build_tables() -> dict[str, dict[str, Any]]:
     return json.loads(json.dumps(tables))  # tuples -> lists: exactly what a reload gives
 
 
-def _timm_vit_args(names: list[str]) -> dict[str, dict[str, Any]]:
-    """timm's ``VisionTransformer`` keyword arguments of each timm model in ``names`` whose
-    entry point builds one (the others, ConvNeXt, EVA, ..., are left out): caught on their
-    way into ``_create_vision_transformer``, so no model is built; ``img_size`` from its
-    default pretrained config. Values that are not JSON (layers, functions) become their
-    ``repr``, which ``CLIPConfig.from_open_clip`` then refuses by name."""
+def _timm_model_args(names: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
+    """For each table of :data:`TIMM_BUILDERS`, timm's keyword arguments of each timm model
+    in ``names`` whose entry point is in that table's module (ViTs, ConvNeXts; the others,
+    EVA, ..., are left out): caught on their way into the module's builder, so no model is
+    built; a ViT's ``img_size`` from its default pretrained config. Values that are not
+    JSON (layers, functions) become their ``repr``, which ``CLIPConfig.from_open_clip``
+    then refuses by name."""
+    import importlib
+
     import timm
-    import timm.models.vision_transformer as tvit
 
     class Captured(Exception):
         pass
@@ -339,52 +352,63 @@ def _timm_vit_args(names: list[str]) -> dict[str, dict[str, Any]]:
             return [plain(x) for x in v]
         return v if v is None or isinstance(v, (bool, int, float, str)) else repr(v)
 
-    out: dict[str, dict[str, Any]] = {}
-    original = tvit._create_vision_transformer
-    tvit._create_vision_transformer = capture
-    try:
-        for name in names:
-            if not timm.is_model(name):
-                continue
-            entrypoint = timm.models.model_entrypoint(name)
-            if entrypoint.__module__ != tvit.__name__:
-                continue
-            try:
-                entrypoint(pretrained=False)
-            except Captured as c:
-                kwargs = dict(c.args[0])
-            else:
-                continue
-            size = timm.models.get_pretrained_cfg(name).input_size[-2:]
-            kwargs.setdefault("img_size", list(size))
-            out[name] = {k: plain(v) for k, v in kwargs.items()}
-    finally:
-        tvit._create_vision_transformer = original
-    return out
+    tables: dict[str, dict[str, dict[str, Any]]] = {}
+    for table, (module_name, builder) in TIMM_BUILDERS.items():
+        module = importlib.import_module(f"timm.models.{module_name}")
+        out = tables[table] = {}
+        original = getattr(module, builder)
+        setattr(module, builder, capture)
+        try:
+            for name in names:
+                if not timm.is_model(name):
+                    continue
+                entrypoint = timm.models.model_entrypoint(name)
+                if entrypoint.__module__ != module.__name__:
+                    continue
+                try:
+                    entrypoint(pretrained=False)
+                except Captured as c:
+                    kwargs = dict(c.args[0])
+                else:
+                    continue
+                if table == "timm_vit":
+                    size = timm.models.get_pretrained_cfg(name).input_size[-2:]
+                    kwargs.setdefault("img_size", list(size))
+                out[name] = {k: plain(v) for k, v in kwargs.items()}
+        finally:
+            setattr(module, builder, original)
+    return tables
+
+
+# families counted on their own by ``coverage()``: label, test on the open_clip name
+COVERAGE_FAMILIES = (
+    ("SigLIP / SigLIP2", lambda n: "siglip" in n.lower()),
+    ("ConvNeXt", lambda n: n.startswith("convnext_")),
+    ("OpenAI ResNet (RN*)", lambda n: n.startswith("RN")),
+)
 
 
 def coverage() -> str:
     """How many of open_clip's model configs and pretrained tags attn_clip builds, from
-    the shipped table (imports nothing): overall, for SigLIP / SigLIP2, and why the rest
-    is refused."""
+    the shipped table (imports nothing): overall, per family (SigLIP / SigLIP2, ConvNeXt,
+    ResNet), and why the rest is refused."""
     table = _table()
     models, unsupported = table["models"], table["unsupported"]
-    n_tags = sum(len(t) for t in table["pretrained"].values())
-    n_all_tags = n_tags + sum(len(t) for t in table["unsupported_pretrained"].values())
-    siglip = [n for n in [*models, *unsupported] if "siglip" in n.lower()]
-    siglip_built = [n for n in siglip if n in models]
-    siglip_tags = sum(len(table["pretrained"].get(n, {})) for n in siglip_built)
-    siglip_all_tags = siglip_tags + sum(
-        len(table["unsupported_pretrained"].get(n, [])) for n in siglip
-    )
+    pretrained, refused_tags = table["pretrained"], table["unsupported_pretrained"]
+    n_tags = sum(len(t) for t in pretrained.values())
+    n_all_tags = n_tags + sum(len(t) for t in refused_tags.values())
     lines = [
         f"open_clip {table['open_clip_version']}: attn_clip builds {len(models)} of "
         f"{len(models) + len(unsupported)} model configs and {n_tags} of {n_all_tags} "
         "pretrained tags",
-        f"  SigLIP / SigLIP2: {len(siglip_built)} of {len(siglip)} configs, {siglip_tags} of "
-        f"{siglip_all_tags} tags",
-        f"not built ({len(unsupported)} configs), by the first feature refused:",
     ]
+    for label, is_member in COVERAGE_FAMILIES:
+        names = [n for n in [*models, *unsupported] if is_member(n)]
+        built = [n for n in names if n in models]
+        tags = sum(len(pretrained.get(n, {})) for n in built)
+        all_tags = tags + sum(len(refused_tags.get(n, [])) for n in names)
+        lines.append(f"  {label}: {len(built)} of {len(names)} configs, {tags} of {all_tags} tags")
+    lines.append(f"not built ({len(unsupported)} configs), by the first feature refused:")
     reasons: dict[str, list[str]] = {}
     for name, why in unsupported.items():
         first = why.split(": ", 1)[-1].split(", ")[0].split(" (")[0].split("=")[0]

@@ -1,4 +1,5 @@
-"""CLIP vision tower: attn_vision's ViT (the ``trunk``) + a bias-free projection.
+"""CLIP vision tower: a ``trunk`` (attn_vision's ViT or ConvNeXt, or OpenAI's
+ModifiedResNet) and the projection to the joint embedding space.
 
 Shape legend: ``B`` batch, ``C`` channels, ``H`` / ``W`` image size, ``N`` tokens
 (class token + patches), ``D`` width, ``E`` joint embedding width.
@@ -11,15 +12,25 @@ SigLIP's is timm's ``vit_*_siglip_*`` (open_clip builds it with timm): no class 
 patch embedding with bias, no ``norm_pre``, ``norm`` on every token, then the MAP head
 (``trunk.attn_pool``: a learned latent query attending over the tokens, then LayerNorm +
 MLP) whose output is the embedding itself (no projection).
+
+A ConvNeXt tower is open_clip's ``TimmModel``: timm's ConvNeXt with its classifier removed
+(``trunk``: average pool + LayerNorm kept, ``(B, D)``), then ``head.proj`` (a Linear) or
+``head.mlp`` (``fc1`` -> GELU -> ``fc2``, ``2 E`` wide) -- open_clip's names. A ResNet tower
+is OpenAI's ModifiedResNet (:mod:`attn_clip.modified_resnet`), whose attention pool ends in
+the projection (``trunk.attnpool.c_proj``).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import torch
+from attn_vision.convnext import ConvNeXt, ConvNeXtConfig
 from attn_vision.vit import VisionTransformer, ViTConfig
 from torch import nn
 
 from .config import CLIPVisionConfig
+from .modified_resnet import ModifiedResNet
 
 __all__ = ["CLIPVisionTower", "vit_config"]
 
@@ -47,6 +58,43 @@ def vit_config(c: CLIPVisionConfig) -> ViTConfig:
     )
 
 
+class ProjectionMlp(nn.Module):
+    """open_clip's ``timm_proj="mlp"`` head (timm's ``Mlp``): ``fc2(gelu(fc1(x)))``."""
+
+    def __init__(self, dim: int, hidden: int, out_dim: int, bias: bool = False) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)  # always biased, as open_clip builds it
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden, out_dim, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+def convnext_head(config: CLIPVisionConfig, embed_dim: int) -> nn.Sequential:
+    """open_clip's ``TimmModel.head`` over a ConvNeXt's ``(B, D)`` pooled features."""
+    if config.proj_type == "mlp":
+        layer = ProjectionMlp(config.width, 2 * embed_dim, embed_dim, bias=config.proj_bias)
+        return nn.Sequential(OrderedDict(mlp=layer))
+    return nn.Sequential(
+        OrderedDict(proj=nn.Linear(config.width, embed_dim, bias=config.proj_bias))
+    )
+
+
+def build_trunk(config: CLIPVisionConfig, embed_dim: int, weight_init: bool = True) -> nn.Module:
+    """The tower's trunk: attn_vision's ViT or ConvNeXt (no classifier), or ModifiedResNet."""
+    if config.tower == "resnet":
+        size = config.image_size
+        size = size[0] if isinstance(size, tuple) else size
+        return ModifiedResNet(
+            config.layers, embed_dim, config.heads, size, config.width, weight_init=weight_init
+        )
+    if config.tower == "convnext":
+        convnext = ConvNeXtConfig(**config.convnext, num_classes=0)
+        return ConvNeXt(convnext, weight_init=weight_init)
+    return VisionTransformer(vit_config(config), weight_init=weight_init)
+
+
 class CLIPVisionTower(nn.Module):
     """``(B, C, H, W)`` images -> ``(B, E)`` embeddings (not normalized)."""
 
@@ -54,36 +102,49 @@ class CLIPVisionTower(nn.Module):
         super().__init__()
         self.config = config
         self.image_size = config.image_size
-        self.trunk = VisionTransformer(vit_config(config), weight_init=weight_init)
+        self.trunk = build_trunk(config, embed_dim, weight_init)
+        vit = config.tower == "vit"
         self.proj = (
-            nn.Linear(config.width, embed_dim, bias=False) if config.proj_type == "linear" else None
-        )
+            nn.Linear(config.width, embed_dim, bias=False)
+            if vit and config.proj_type == "linear"
+            else None
+        )  # the ViT's projection; a ConvNeXt's is `head`, a ResNet's ends its attention pool
+        self.head = convnext_head(config, embed_dim) if config.tower == "convnext" else None
         if weight_init and self.proj is not None:
             nn.init.normal_(self.proj.weight, std=config.width**-0.5)
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
+        if not hasattr(self.trunk, "set_grad_checkpointing"):
+            if enable:
+                raise ValueError("gradient checkpointing is not supported by ResNet towers")
+            return
         self.trunk.set_grad_checkpointing(enable)
 
     def set_fast_inference(self, enable: bool = True) -> CLIPVisionTower:
-        """The trunk's inference fast path (:meth:`VisionTransformer.set_fast_inference`)."""
-        self.trunk.set_fast_inference(enable)
+        """The ViT trunk's inference fast path (:meth:`VisionTransformer.set_fast_inference`);
+        ConvNeXt and ResNet trunks run their plain modules either way."""
+        if hasattr(self.trunk, "set_fast_inference"):
+            self.trunk.set_fast_inference(enable)
         return self
 
     def prepare(self, images: torch.Tensor) -> torch.Tensor:
-        """Images cast to the weights' dtype, cut to whole patches."""
-        images = images.to(self.trunk.patch_embed.proj.weight.dtype)  # the first layer's
-        if images.ndim != 4:
+        """Images cast to the weights' dtype (a ViT's: cut to whole patches)."""
+        images = images.to(next(self.trunk.parameters()).dtype)
+        if images.ndim != 4 or self.config.tower != "vit":
             return images  # the trunk names what it expected
         p = self.config.patch_size
         H, W = images.shape[-2:]
         return images[..., : H // p * p, : W // p * p]
 
     def project(self, pooled: torch.Tensor) -> torch.Tensor:
-        """``(B, D)`` pooled features -> ``(B, E)`` (SigLIP: no projection)."""
-        return self.proj(pooled) if self.proj is not None else pooled
+        """``(B, D)`` pooled features -> ``(B, E)`` (SigLIP, ResNet: no projection here)."""
+        if self.proj is not None:
+            return self.proj(pooled)
+        return self.head(pooled) if self.head is not None else pooled
 
     def forward_features(self, images: torch.Tensor) -> torch.Tensor:
-        """``(B, C, H, W)`` -> ``(B, N, D)`` tokens after the last block (and ``ln_post``)."""
+        """``(B, C, H, W)`` -> a ViT's ``(B, N, D)`` tokens after the last block (and
+        ``ln_post``), a ConvNeXt's or ResNet's ``(B, D, H / 32, W / 32)`` feature map."""
         return self.trunk.forward_features(self.prepare(images))
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
@@ -93,6 +154,8 @@ class CLIPVisionTower(nn.Module):
         towers does (``ViT-SO400M-14-SigLIP-384``: 384 px, 27 patches of 14 a side).
         """
         images = self.prepare(images)
+        if self.config.tower != "vit":
+            return self.project(self.trunk(images))  # (B, D) pooled -> (B, E)
         # == trunk.forward_head(trunk.forward_features(x), pre_logits=True), but with [CLS]
         # pooling the fast path computes only that row in the last block
         x = self.trunk.forward_pre_logits(images)  # (B, D) pooled (+ ln_post after pool)

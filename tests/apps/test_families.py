@@ -1,0 +1,136 @@
+"""apps/zero_shot.py and apps/retrieval.py with the other image towers: a ConvNeXt CLIP
+(timm ConvNeXt + open_clip's MLP projection head) and an OpenAI ResNet CLIP
+(ModifiedResNet), tiny and random, saved in open_clip's folder layout. Both apps load the
+folder, zero-shot scores equal the library's on the same model, and an index built with
+the folder answers text and image queries with the library's cosines.
+
+One run goes through a fresh interpreter as a user would; the others call the apps'
+``main`` in-process (an interpreter start costs seconds)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image, ImageDraw
+
+ROOT = Path(__file__).resolve().parents[2]
+APPS = ROOT / "apps"
+LABELS = ["red circle", "blue square", "green triangle"]
+
+
+def tiny_folder(family: str, folder: Path) -> Path:
+    """A random CLIP of open_clip's ``convnext_large_d`` / ``RN50`` kind, shrunk, saved."""
+    import attn_clip
+
+    if family == "convnext":
+        cfg = attn_clip.get_model_config("convnext_large_d")  # timm_proj="mlp"
+        convnext = {**cfg.vision.convnext, "depths": (1, 1, 1, 1), "dims": (8, 16, 24, 32)}
+        vision = replace(cfg.vision, image_size=64, convnext=convnext)
+    else:
+        cfg = attn_clip.get_model_config("RN50")
+        vision = replace(cfg.vision, image_size=64, layers=(1, 1, 1, 1), width=8, head_width=32)
+    text = replace(cfg.text, width=32, heads=2, layers=1, context_length=16)
+    model = attn_clip.create_model(replace(cfg, embed_dim=24, vision=vision, text=text))
+    attn_clip.save_pretrained(model, folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def gallery(tmp_path_factory) -> Path:
+    """Six drawn shapes in a folder."""
+    root = tmp_path_factory.mktemp("gallery")
+    for i, (colour, shape) in enumerate(
+        [("red", "circle"), ("blue", "square"), ("green", "triangle")] * 2
+    ):
+        image = Image.new("RGB", (80, 70), "white")
+        draw = ImageDraw.Draw(image)
+        box = (10 + 3 * i, 8, 60 + 2 * i, 58)
+        if shape == "circle":
+            draw.ellipse(box, fill=colour)
+        elif shape == "square":
+            draw.rectangle(box, fill=colour)
+        else:
+            draw.polygon([(box[0], box[3]), (box[2], box[3]), (35, box[1])], fill=colour)
+        image.save(root / f"{colour}_{shape}_{i}.png")
+    return root
+
+
+def load_app(name: str, monkeypatch):
+    monkeypatch.syspath_prepend(str(APPS))  # as when run as a script: finds _common
+    spec = importlib.util.spec_from_file_location(f"{name}_app_families", APPS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def library_scores(folder: Path, image_path: Path) -> torch.Tensor:
+    """What attn_clip computes for LABELS on one image (the apps' default template)."""
+    import attn_clip
+
+    model, preprocess, tokenizer = attn_clip.create_model_and_transforms(str(folder))
+    classifier = attn_clip.build_zero_shot_classifier(model, tokenizer, LABELS)
+    with Image.open(image_path) as im:
+        return attn_clip.predict(model, preprocess(im)[None], classifier)[0]
+
+
+def test_zero_shot_script_with_a_resnet_folder(gallery, tmp_path):
+    """``apps/zero_shot.py --model FOLDER`` in a fresh interpreter, offline."""
+    folder = tiny_folder("resnet", tmp_path / "rn")
+    image = gallery / "red_circle_0.png"
+    proc = subprocess.run(
+        [sys.executable, str(APPS / "zero_shot.py"), "--model", str(folder), "--image",
+         str(image), "--labels", *LABELS, "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={"HF_HUB_OFFLINE": "1", "PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads(proc.stdout)
+    got = {p["label"]: p["prob"] for p in record["predictions"]}
+    want = library_scores(folder, image)
+    torch.testing.assert_close(torch.tensor([got[label] for label in LABELS]), want)
+
+
+@pytest.mark.parametrize("family", ["convnext", "resnet"])
+def test_zero_shot_and_retrieval_apps(family, gallery, tmp_path, capsys, monkeypatch):
+    import attn_clip
+
+    folder = tiny_folder(family, tmp_path / family)
+    model = attn_clip.create_model(str(folder))
+    assert model.config.vision.tower == family
+
+    zero_shot = load_app("zero_shot", monkeypatch)
+    assert zero_shot.main(["--model", str(folder), "--images", str(gallery), "--labels",
+                           *LABELS, "--json"]) == 0  # fmt: skip
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(records) == 6
+    image = gallery / "blue_square_1.png"
+    record = next(r for r in records if r["image"] == str(image))
+    got = {p["label"]: p["prob"] for p in record["predictions"]}
+    want = library_scores(folder, image)
+    torch.testing.assert_close(torch.tensor([got[label] for label in LABELS]), want)
+
+    retrieval = load_app("retrieval", monkeypatch)
+    index = tmp_path / f"{family}.idx"
+    assert retrieval.main(["index", str(gallery), "--out", str(index), "--model",
+                           str(folder), "--json"]) == 0  # fmt: skip
+    assert json.loads(capsys.readouterr().out)["images"] == 6
+    argv = ["search", str(index), "--text", "a red circle", "--image", str(image)]
+    assert retrieval.main([*argv, "--top-k", "6", "--json"]) == 0
+    text_hits, image_hits = (json.loads(x) for x in capsys.readouterr().out.splitlines())
+    assert image_hits["hits"][0]["path"].endswith(image.name)  # the image itself first
+    _, preprocess, tokenizer = attn_clip.create_model_and_transforms(str(folder))
+    with torch.no_grad():
+        query = model.encode_text(tokenizer(["a red circle"]), normalize=True)[0]
+        for hit in text_hits["hits"]:
+            with Image.open(gallery / Path(hit["path"]).name) as im:
+                emb = model.encode_image(preprocess(im)[None], normalize=True)[0]
+            assert abs(hit["score"] - float(emb @ query)) < 1e-4, hit

@@ -1,0 +1,171 @@
+"""ConvNeXt and OpenAI ResNet CLIPs: random-init open_clip models (a timm ConvNeXt tower
+with open_clip's linear / MLP projection head; OpenAI's ModifiedResNet) saved in their
+real on-disk formats, loaded through ``create_model``, fp32 image and text embeddings
+and logits equal at 1e-4.
+
+Full width, depth cut (ConvNeXt: 1, 1, 2, 1 blocks per stage through timm's
+``create_model``; ResNet: one bottleneck per stage; text: 2 blocks). BatchNorm statistics
+and every norm / bias are perturbed so a swapped or missing one cannot hide. The names and
+shapes of every config at full depth are checked on the meta device in test_convert.py."""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import open_clip
+import pytest
+import timm
+import torch
+from attn_clip import create_model, save_pretrained, to_open_clip
+from safetensors.torch import load_file, save_file
+from torch.testing import assert_close
+
+TOL = {"atol": 1e-4, "rtol": 1e-4}
+TEXT_LAYERS = 2
+CONVNEXT_DEPTHS = (1, 1, 2, 1)
+RESNET_LAYERS = (1, 1, 1, 1)
+
+CASES = [
+    ("convnext_base", "timm_proj linear, 224 px", "open_clip_pytorch_model.bin"),
+    ("convnext_large_d", "timm_proj mlp, 256 px", "open_clip_model.safetensors"),
+    ("RN50", "RN50 widths, GELU text", "open_clip_pytorch_model.bin"),
+    pytest.param(
+        "RN50x4-quickgelu", "RN50x4 widths, 288 px, QuickGELU", "open_clip_model.safetensors",
+        marks=pytest.mark.slow,
+    ),
+]  # fmt: skip
+
+
+@torch.no_grad()
+def _perturb(model: torch.nn.Module) -> torch.nn.Module:
+    for p in model.parameters():
+        if p.ndim <= 1:  # norms, biases, LayerScale gammas
+            p.add_(torch.randn_like(p) * 0.05)
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.normal_(0, 0.1)
+            m.running_var.uniform_(0.5, 1.5)
+    return model.eval()
+
+
+def open_clip_family(name: str, monkeypatch) -> tuple[torch.nn.Module, dict]:
+    """open_clip's CLIP for ``name`` with the shrunk depths, perturbed, in eval mode, and
+    the ``create_model`` overrides that build ours the same."""
+    cfg = copy.deepcopy(open_clip.get_model_config(name))
+    cfg["text_cfg"]["layers"] = TEXT_LAYERS
+    overrides: dict = {"text": {"layers": TEXT_LAYERS}}
+    if name.startswith("convnext"):
+        monkeypatch.setattr(
+            timm, "create_model", functools.partial(timm.create_model, depths=CONVNEXT_DEPTHS)
+        )
+        overrides["vision"] = {"convnext": {"depths": CONVNEXT_DEPTHS}}
+    else:
+        cfg["vision_cfg"]["layers"] = list(RESNET_LAYERS)
+        overrides["vision"] = {"layers": RESNET_LAYERS}
+    torch.manual_seed(0)
+    ref = _perturb(open_clip.model.CLIP(**cfg))
+    monkeypatch.undo()
+    return ref, overrides
+
+
+def _inputs(ref: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    size = ref.visual.image_size
+    size = size if isinstance(size, (tuple, list)) else (size, size)
+    tokens = open_clip.get_tokenizer("RN50")(["a photo of a dog", "a cat on a mat", ""])
+    return torch.randn(2, 3, *size), tokens
+
+
+@pytest.mark.parametrize(("name", "what", "filename"), CASES)
+def test_open_clip_checkpoint_files(tmp_path, monkeypatch, name, what, filename):
+    ref, overrides = open_clip_family(name, monkeypatch)
+    images, tokens = _inputs(ref)
+    with torch.no_grad():
+        ref_image, ref_text = ref.encode_image(images), ref.encode_text(tokens)
+        image_n, text_n, scale = ref(images, tokens)[:3]  # normalized, exp(logit_scale)
+        ref_logits = scale * image_n @ text_n.T
+    assert not torch.allclose(ref_image[0], ref_image[1])  # the images tell apart
+    sd = {k: v.contiguous() for k, v in ref.state_dict().items()}
+    head = "visual.head.mlp.fc1.weight" if name == "convnext_large_d" else "visual.head.proj.weight"
+    assert (head if name.startswith("convnext") else "visual.attnpool.c_proj.weight") in sd
+    path = tmp_path / filename
+    if filename.endswith(".safetensors"):
+        save_file(sd, str(path))
+    else:
+        torch.save(sd, path)
+    ours = create_model(name, pretrained=str(path), **overrides)
+    assert ours.config.quick_gelu == name.endswith("-quickgelu")
+    with torch.no_grad():
+        out = ours(images, tokens)
+        image, text = ours.encode_image(images), ours.encode_text(tokens)
+    assert_close(image, ref_image, **TOL)
+    assert_close(text, ref_text, **TOL)
+    assert_close(out.logits_per_image, ref_logits, **TOL)
+    # back to open_clip's names: every tensor where open_clip has it
+    back = to_open_clip(ours.state_dict())
+    assert back.keys() == sd.keys()
+    assert all(torch.equal(back[k], v) for k, v in sd.items())
+
+
+def test_resnet_save_pretrained_loads_in_open_clip(tmp_path, monkeypatch):
+    """A ResNet CLIP's folder is plain open_clip: open_clip builds and loads it as is."""
+    ref, overrides = open_clip_family("RN50", monkeypatch)
+    path = tmp_path / "w.safetensors"
+    save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, str(path))
+    ours = create_model("RN50", pretrained=str(path), **overrides)
+    save_pretrained(ours, tmp_path / "saved")
+    back = create_model(str(tmp_path / "saved"))
+    assert back.config == ours.config
+    twin = open_clip.create_model("local-dir:" + str(tmp_path / "saved")).eval()
+    images, tokens = _inputs(ref)
+    with torch.no_grad():
+        assert_close(twin.encode_image(images), ref.encode_image(images), **TOL)
+        assert_close(back.encode_image(images), ref.encode_image(images), **TOL)
+        assert_close(twin.encode_text(tokens), ref.encode_text(tokens), **TOL)
+
+
+@pytest.mark.slow
+def test_convnext_save_pretrained_round_trips(tmp_path, monkeypatch):
+    """A shrunk ConvNeXt CLIP's folder names its timm depths (``timm_model_args``): ours
+    loads it back exactly; open_clip, given the same timm depths, reads its weights."""
+    ref, overrides = open_clip_family("convnext_large_d", monkeypatch)
+    path = tmp_path / "w.safetensors"
+    save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, str(path))
+    ours = create_model("convnext_large_d", pretrained=str(path), **overrides)
+    save_pretrained(ours, tmp_path / "saved")
+    back = create_model(str(tmp_path / "saved"))
+    assert back.config == ours.config
+    monkeypatch.setattr(
+        timm, "create_model", functools.partial(timm.create_model, depths=CONVNEXT_DEPTHS)
+    )
+    cfg = copy.deepcopy(open_clip.get_model_config("convnext_large_d"))
+    cfg["text_cfg"]["layers"] = TEXT_LAYERS
+    twin = open_clip.model.CLIP(**cfg)
+    monkeypatch.undo()
+    twin.load_state_dict(load_file(str(tmp_path / "saved" / "open_clip_model.safetensors")))
+    images, tokens = _inputs(ref)
+    with torch.no_grad():
+        assert_close(twin.eval().encode_image(images), ref.encode_image(images), **TOL)
+        assert torch.equal(back.encode_image(images), ours.encode_image(images))
+
+
+def test_missing_batchnorm_counters_are_filled(tmp_path, monkeypatch):
+    """Checkpoints without BatchNorm's ``num_batches_tracked`` load (zeros, unused in eval);
+    any other missing tensor is still named."""
+    ref, overrides = open_clip_family("RN50", monkeypatch)
+    sd = {k: v for k, v in ref.state_dict().items() if not k.endswith("num_batches_tracked")}
+    ours = create_model("RN50", pretrained=_save(tmp_path, sd), **overrides)
+    images, _ = _inputs(ref)
+    with torch.no_grad():
+        assert_close(ours.encode_image(images), ref.encode_image(images), **TOL)
+    del sd["visual.layer1.0.bn2.running_var"]
+    with pytest.raises(
+        ValueError, match=r"missing keys: visual\.trunk\.layer1\.0\.bn2\.running_var"
+    ):
+        create_model("RN50", pretrained=_save(tmp_path, sd), **overrides)
+
+
+def _save(tmp_path, sd: dict) -> str:
+    path = tmp_path / "open_clip_pytorch_model.bin"
+    torch.save(sd, path)
+    return str(path)
