@@ -292,6 +292,9 @@ def main(argv: list[str] | None = None) -> int:
             if not many and not target.is_dir():
                 raise InputError(f"--explain: folder {target} does not exist")
         loaded = load_model(args.model, args.pretrained, args.device, args.precision)
+        tower = loaded.model.config.vision.tower
+        if args.explain and tower != "vit":
+            raise InputError(f"--explain needs a ViT image tower; {args.model} has a {tower}")
     except InputError as e:
         return fail(str(e))
     if not args.imagenet:  # the ImageNet class names all fit

@@ -134,3 +134,15 @@ def test_zero_shot_and_retrieval_apps(family, gallery, tmp_path, capsys, monkeyp
             with Image.open(gallery / Path(hit["path"]).name) as im:
                 emb = model.encode_image(preprocess(im)[None], normalize=True)[0]
             assert abs(hit["score"] - float(emb @ query)) < 1e-4, hit
+
+
+def test_explain_needs_a_vit_tower(gallery, tmp_path, capsys, monkeypatch):
+    """--explain with a ResNet tower: one line, exit 2, no heatmap written."""
+    folder = tiny_folder("resnet", tmp_path / "rn")
+    zero_shot = load_app("zero_shot", monkeypatch)
+    heat = tmp_path / "heat.png"
+    argv = ["--model", str(folder), "--image", str(gallery / "red_circle_0.png")]
+    assert zero_shot.main([*argv, "--labels", *LABELS, "--explain", str(heat)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--explain needs a ViT image tower" in err[0], err
+    assert not heat.exists()
