@@ -11,9 +11,12 @@
   :mod:`~attn_train.schedules` -- warm-up + cosine / inverse-sqrt for ``LambdaLR``.
 * :mod:`~attn_train.synthetic` -- generated NLP toy tasks; :mod:`~attn_train.cli` -- the
   shared flags, input checks, help layout and exits (bad input 2, NaN 1, Ctrl-C 130);
-  :mod:`~attn_train.metrics` -- top-k accuracy, text accuracy, a language model's loss.
+  :mod:`~attn_train.metrics` -- top-k accuracy, text accuracy, a language model's loss;
+  :mod:`~attn_train.distill` -- distillation losses (logits, hidden states, attention maps,
+  CLIP embeddings).
 """
 
+from . import distill
 from .amp import autocast, make_scaler, resolve_precision
 from .checkpoint import (
     ResumeError,
@@ -98,6 +101,7 @@ __all__ = [
     "collate_skip_unreadable",
     "contrastive_step",
     "cosine_schedule",
+    "distill",
     "find_checkpoint",
     "fit",
     "inverse_sqrt_schedule",
