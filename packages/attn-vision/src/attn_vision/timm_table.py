@@ -147,24 +147,32 @@ def timm_eva_args() -> dict[str, tuple[dict[str, Any], list[str]]]:
     return {arch: eva_args(kw) for arch, kw in sorted(timm_eva_kwargs().items())}
 
 
-def _record(archs: list[str], module: Any, builder: str) -> dict[str, dict[str, Any]]:
-    """Call each entrypoint with ``module.builder`` replaced by a recorder of its kwargs."""
-    import timm
+class _Recorded(Exception):
+    pass
 
-    captured: dict[str, dict[str, Any]] = {}
 
-    class Recorded(Exception):
-        pass
+def _recorder(captured: dict[str, dict[str, Any]]) -> Any:
+    """A stand-in for a timm model builder that records ``variant -> kwargs`` and stops."""
 
     def record(variant: str, pretrained: bool = False, **kwargs: Any) -> None:
         captured[variant] = kwargs
-        raise Recorded
+        raise _Recorded
 
-    with mock.patch.object(module, builder, record):
+    return record
+
+
+def _record(
+    archs: list[str], module: Any, builder: str, captured: dict | None = None
+) -> dict[str, dict[str, Any]]:
+    """Call each entrypoint with ``module.builder`` replaced by a recorder of its kwargs."""
+    import timm
+
+    captured = {} if captured is None else captured
+    with mock.patch.object(module, builder, _recorder(captured)):
         for arch in archs:
             try:
                 timm.models.model_entrypoint(arch)()
-            except Recorded:
+            except _Recorded:
                 pass
     return captured
 
@@ -176,25 +184,9 @@ def timm_vit_kwargs() -> dict[str, dict[str, Any]]:
     import timm
     from timm.models import deit, vision_transformer
 
-    captured: dict[str, dict[str, Any]] = {}
-
-    class Recorded(Exception):
-        pass
-
-    def record(variant: str, pretrained: bool = False, **kwargs: Any) -> None:
-        captured[variant] = kwargs
-        raise Recorded
-
     archs = timm.list_models(module=list(VIT_MODULES))
-    with (
-        mock.patch.object(vision_transformer, "_create_vision_transformer", record),
-        mock.patch.object(deit, "_create_deit", record),
-    ):
-        for arch in archs:
-            try:
-                timm.models.model_entrypoint(arch)()
-            except Recorded:
-                pass
+    with mock.patch.object(deit, "_create_deit", _recorder(captured := {})):
+        _record(archs, vision_transformer, "_create_vision_transformer", captured)
     missing = sorted(set(archs) - set(captured))
     if missing:
         raise RuntimeError(f"timm {timm.__version__}: entrypoints not recorded: {missing}")
