@@ -1,8 +1,9 @@
 """apps/zero_shot.py and apps/retrieval.py with the other image towers: a ConvNeXt CLIP
-(timm ConvNeXt + open_clip's MLP projection head) and an OpenAI ResNet CLIP
-(ModifiedResNet), tiny and random, saved in open_clip's folder layout. Both apps load the
-folder, zero-shot scores equal the library's on the same model, and an index built with
-the folder answers text and image queries with the library's cosines.
+(timm ConvNeXt + open_clip's MLP projection head), an OpenAI ResNet CLIP (ModifiedResNet)
+and an EVA02-CLIP (timm Eva: RoPE, SwiGLU, its classifier head as the projection), tiny
+and random, saved in open_clip's folder layout. Both apps load the folder, zero-shot
+scores equal the library's on the same model, and an index built with the folder answers
+text and image queries with the library's cosines.
 
 One run goes through a fresh interpreter as a user would; the others call the apps'
 ``main`` in-process (an interpreter start costs seconds)."""
@@ -27,13 +28,17 @@ LABELS = ["red circle", "blue square", "green triangle"]
 
 
 def tiny_folder(family: str, folder: Path) -> Path:
-    """A random CLIP of open_clip's ``convnext_large_d`` / ``RN50`` kind, shrunk, saved."""
+    """A random CLIP of open_clip's ``convnext_large_d`` / ``RN50`` / ``EVA02-B-16`` kind,
+    shrunk, saved."""
     import attn_clip
 
     if family == "convnext":
         cfg = attn_clip.get_model_config("convnext_large_d")  # timm_proj="mlp"
         convnext = {**cfg.vision.convnext, "depths": (1, 1, 1, 1), "dims": (8, 16, 24, 32)}
         vision = replace(cfg.vision, image_size=64, convnext=convnext)
+    elif family == "eva":  # 4 x 4 patches, RoPE positions scaled onto its 16 x 16 grid
+        cfg = attn_clip.get_model_config("EVA02-B-16")
+        vision = replace(cfg.vision, image_size=64, width=32, head_width=16, layers=1)
     else:
         cfg = attn_clip.get_model_config("RN50")
         vision = replace(cfg.vision, image_size=64, layers=(1, 1, 1, 1), width=8, head_width=32)
@@ -99,13 +104,14 @@ def test_zero_shot_script_with_a_resnet_folder(gallery, tmp_path):
     torch.testing.assert_close(torch.tensor([got[label] for label in LABELS]), want)
 
 
-@pytest.mark.parametrize("family", ["convnext", "resnet"])
+@pytest.mark.parametrize("family", ["convnext", "resnet", "eva"])
 def test_zero_shot_and_retrieval_apps(family, gallery, tmp_path, capsys, monkeypatch):
     import attn_clip
 
     folder = tiny_folder(family, tmp_path / family)
     model = attn_clip.create_model(str(folder))
-    assert model.config.vision.tower == family
+    assert model.config.vision.tower == {"eva": "vit"}.get(family, family)
+    assert (model.config.vision.eva is not None) == (family == "eva")
 
     zero_shot = load_app("zero_shot", monkeypatch)
     assert zero_shot.main(["--model", str(folder), "--images", str(gallery), "--labels",
@@ -146,3 +152,13 @@ def test_explain_needs_a_vit_tower(gallery, tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--explain needs a ViT image tower" in err[0], err
     assert not heat.exists()
+
+
+def test_explain_with_an_eva_tower(gallery, tmp_path, capsys, monkeypatch):
+    """--explain reads an EVA02 tower's attention (its RoPE blocks included)."""
+    folder = tiny_folder("eva", tmp_path / "eva")
+    zero_shot = load_app("zero_shot", monkeypatch)
+    heat = tmp_path / "heat.png"
+    argv = ["--model", str(folder), "--image", str(gallery / "red_circle_0.png")]
+    assert zero_shot.main([*argv, "--labels", *LABELS, "--explain", str(heat)]) == 0
+    assert heat.is_file() and heat.stat().st_size > 0

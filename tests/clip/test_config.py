@@ -34,7 +34,8 @@ def test_fields_from_open_clip():
     [
         ("coca_ViT-B-32", "multimodal_cfg"),
         ("nllb-clip-base-siglip", "hf_model_name"),
-        ("EVA02-B-16", "timm_model_name='eva02_base_patch16_clip_224' .not a plain timm ViT"),
+        ("EVA02-E-14", "timm_model_name='eva02_enormous_patch14_clip_224' .*use_post_norm=True"),
+        ("MobileCLIP-S1", "timm_model_name='fastvit_mci1' .not a timm ViT, ConvNeXt or Eva"),
         ("PE-Core-B-16", "timm_model_name"),
         ("vit_medium_patch16_gap_256", "qkv_bias=False.*timm_proj='linear'"),
         ("roberta-ViT-B-32", "hf_model_name"),
@@ -121,7 +122,7 @@ def test_timm_tower_refusals_are_named():
         ("timm_proj", "linear", "timm_proj='linear'"),
         ("timm_pool", "", "timm_pool=''"),
         ("timm_model_name", "convnext_base", "ConvNeXt 'convnext_base'.*timm_proj='none'"),
-        ("timm_model_name", "resnet50d", "resnet50d.*not a plain timm ViT or ConvNeXt"),
+        ("timm_model_name", "resnet50d", "resnet50d.*not a timm ViT, ConvNeXt or Eva"),
         ("timm_model_args", {"depth": 2, "reg_tokens": 4}, "reg_tokens=4"),
         ("image_size", 256, "img_size=.224, 224. .vision_cfg.image_size is 256"),
         ("qk_layernorm", True, r"vision_cfg\.qk_layernorm"),

@@ -66,6 +66,7 @@ import torch
 for name, small in [
     ("convnext_base", {"vision": {"convnext": {"depths": (1, 1, 1, 1)}}, "text": {"layers": 1}}),
     ("RN50", {"vision": {"layers": (1, 1, 1, 1)}, "text": {"layers": 1}}),
+    ("EVA02-B-16", {"vision": {"layers": 1}, "text": {"layers": 1}}),
 ]:
     model = attn_clip.create_model(name, **small)
     attn_clip.save_weights(model, PATH)
@@ -75,9 +76,9 @@ print(sorted({h for h in HEAVY for m in sys.modules if m == h or m.startswith(h 
 """
 
 
-def test_convnext_and_resnet_from_a_local_file_import_no_heavy_packages(tmp_path):
-    """ConvNeXt (a timm tower in open_clip, from the shipped table) and OpenAI's ResNet
-    CLIPs build and load without timm or open_clip."""
+def test_convnext_resnet_and_eva_from_a_local_file_import_no_heavy_packages(tmp_path):
+    """ConvNeXt and EVA02 (timm towers in open_clip, from the shipped table) and OpenAI's
+    ResNet CLIPs build and load without timm or open_clip."""
     path = str(tmp_path / "w.safetensors")
     code = f"HEAVY = {HEAVY!r}\nPATH = {path!r}\n{FAMILIES}"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

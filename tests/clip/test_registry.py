@@ -10,6 +10,7 @@ import open_clip
 import open_clip.pretrained as oc_pretrained
 import pytest
 from attn_clip import get_model_config, get_pretrained_cfg, list_models, list_pretrained, registry
+from attn_clip.config import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
 from attn_clip.registry import list_pretrained_tags
 
 
@@ -29,9 +30,10 @@ def test_list_models_has_the_clips_attn_clip_builds_and_only_them():
     required = {"ViT-B-32", "ViT-B-16", "ViT-L-14", "ViT-H-14", "ViT-bigG-14", "ViT-L-14-336"}
     required |= {f"{n}-quickgelu" for n in ("ViT-B-32", "ViT-B-16", "ViT-L-14", "ViT-H-14")}
     required |= {"RN50", "RN50x64-quickgelu", "convnext_base", "convnext_large_d_320"}
+    required |= {"EVA02-B-16", "EVA02-L-14-336", "EVA01-g-14", "EVA01-g-14-plus"}
     assert required <= names
     assert names - {"demo-shapes"} <= set(open_clip.list_models())
-    excluded = ("coca_ViT-B-32", "nllb-clip-base-siglip", "EVA02-B-16")
+    excluded = ("coca_ViT-B-32", "nllb-clip-base-siglip", "EVA02-E-14", "PE-Core-B-16")
     for name in excluded:
         assert name not in names
 
@@ -70,6 +72,21 @@ def test_every_convnext_and_resnet_config_and_tag():
     assert not cx.quick_gelu and cx.preprocess.size == 320
 
 
+def test_every_eva_config_but_eva02_enormous_and_its_tag():
+    """open_clip's EVA-CLIPs (timm Eva towers): all but EVA02-E-14 / -plus (timm's
+    post-norm blocks), each with its one tag; OpenAI mean / std, bicubic, shortest side."""
+    eva = {n for n in open_clip.list_models() if n.startswith("EVA")}
+    built = eva & set(list_models())
+    assert eva - built == {"EVA02-E-14", "EVA02-E-14-plus"} and len(built) == 5
+    tags = [(n, t) for n, t in list_pretrained() if n in built]
+    assert tags == [(n, t) for n, t in oc_pretrained.list_pretrained() if n in built]
+    src = get_pretrained_cfg("EVA02-L-14-336", "merged2b_s6b_b61k")
+    assert src.hf_hub_id == "timm/eva02_large_patch14_clip_336.merged2b_s6b_b61k"
+    pre = src.preprocess
+    assert (pre.size, pre.interpolation, pre.resize_mode) == (336, "bicubic", "shortest")
+    assert (pre.mean, pre.std) == (OPENAI_DATASET_MEAN, OPENAI_DATASET_STD)
+
+
 def test_coverage_counts_what_is_listed(capsys):
     assert registry.main(["--coverage"]) == 0
     out = capsys.readouterr().out
@@ -83,6 +100,7 @@ def test_coverage_counts_what_is_listed(capsys):
     assert "SigLIP / SigLIP2: 26 of 28 configs, 26 of 30 tags" in out
     assert "ConvNeXt: 11 of 11 configs, 12 of 12 tags" in out
     assert "OpenAI ResNet (RN*): 10 of 10 configs, 16 of 16 tags" in out
+    assert "EVA-CLIP (EVA01 / EVA02): 5 of 7 configs, 5 of 7 tags" in out
     assert get_model_config("ViT-B-32-quickgelu").quick_gelu
     assert not get_model_config("ViT-B-32").quick_gelu
 
@@ -150,8 +168,8 @@ def test_known_examples():
 def test_clear_errors():
     with pytest.raises(ValueError, match=r"unknown model 'ViT-B-33'.*did you mean.*ViT-B-32"):
         get_model_config("ViT-B-33")
-    with pytest.raises(ValueError, match="EVA02-B-16.*cannot be built.*timm_model_name"):
-        get_model_config("EVA02-B-16")
+    with pytest.raises(ValueError, match="EVA02-E-14.*cannot be built.*use_post_norm"):
+        get_model_config("EVA02-E-14")
     with pytest.raises(ValueError, match="coca_ViT-B-32.*cannot be built.*multimodal_cfg"):
         get_model_config("coca_ViT-B-32")
     with pytest.raises(ValueError, match="unknown pretrained tag 'nope'.*laion2b_s34b_b79k"):

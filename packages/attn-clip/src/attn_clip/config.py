@@ -9,17 +9,20 @@ Three kinds of image tower (:attr:`CLIPVisionConfig.tower`), as open_clip decide
 
 * ``"vit"``: open_clip's own ViT, or a timm ``VisionTransformer`` (SigLIP / SigLIP2:
   ``vision_cfg.timm_model_name``, e.g. ``vit_base_patch16_siglip_224``: no class token, a
-  patch embedding with bias, no ``ln_pre``, a MAP attention-pool head, no projection);
+  patch embedding with bias, no ``ln_pre``, a MAP attention-pool head, no projection), or
+  a timm ``Eva`` (EVA-01 / EVA02-CLIP, ``eva02_base_patch16_clip_224``: a ViT with the
+  extra fields in :attr:`CLIPVisionConfig.eva` -- 2D RoPE, SwiGLU, inner norms -- whose
+  projection is timm's own classifier ``head``, a Linear with bias: ``proj_type="head"``);
 * ``"convnext"``: a timm ``ConvNeXt`` trunk (``timm_model_name="convnext_base"``) pooled by
   its own head (average pool + LayerNorm), then open_clip's ``timm_proj`` head: a Linear
   (``"linear"``) or Linear-GELU-Linear (``"mlp"``), biased per ``timm_proj_bias``;
 * ``"resnet"``: OpenAI's ModifiedResNet (``vision_cfg.layers`` a list of stage depths).
 
 The timm architecture behind each timm name is read from tables generated from timm
-(``timm_vit``, ``timm_convnext`` in ``open_clip_registry.json``), so building one never
-imports timm. A tower whose architecture differs from its timm name's (e.g. fewer layers)
-is written with a ``timm_model_args`` entry listing timm's keyword arguments in full
-(attn_clip's extension; open_clip itself refuses the key).
+(``timm_vit``, ``timm_convnext``, ``timm_eva`` in ``open_clip_registry.json``), so building
+one never imports timm. A tower whose architecture differs from its timm name's (e.g.
+fewer layers) is written with a ``timm_model_args`` entry listing timm's keyword arguments
+in full (attn_clip's extension; open_clip itself refuses the key).
 """
 
 from __future__ import annotations
@@ -34,18 +37,31 @@ _CONVNEXT_FIELDS = (  # attn_vision ConvNeXtConfig fields that make up the archi
     "depths", "dims", "patch_size", "kernel_size", "ls_init_value", "conv_mlp", "conv_bias",
     "head_norm_first", "head_hidden_size", "norm_eps",
 )  # fmt: skip
+# a timm Eva tower's fields beyond a CLIP ViT's: attn_vision ViTConfig fields, with their
+# defaults, and timm's ``qkv_fused`` (only the layout of open_clip's checkpoint: one ``qkv``
+# with ``q_bias`` / ``v_bias``, or separate ``q_proj`` / ``k_proj`` / ``v_proj``)
+EVA_FIELDS: dict[str, Any] = {
+    "rope": False,  # 2D axial RoPE on the patch tokens' queries / keys (EVA02)
+    "rope_ref_grid": None,  # RoPE positions scaled onto this (h, w) patch grid
+    "attn_inner_norm": False,  # LayerNorm before the attention output proj (scale_attn_inner)
+    "mlp_inner_norm": False,  # LayerNorm before fc2 (timm's scale_mlp)
+    "mlp_gate_last": True,  # swiglu: fc1 gives [x, gate] (timm SwiGLU); False: [gate, x]
+    "qkv_fused": True,  # timm's checkpoint layout (see above); no effect on the math
+}
 
 OPENAI_DATASET_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_DATASET_STD = (0.26862954, 0.26130258, 0.27577711)
 ACTS = ("gelu", "gelu_tanh", "quick_gelu")
+VISION_ACTS = (*ACTS, "swiglu")  # SwiGLU: EVA02 towers
 VISION_POOLS = ("tok", "avg", "map")
 
 
 @dataclass
 class CLIPVisionConfig:
-    """Vision tower: a ViT with CLIP's ``ln_pre``, class token, ``ln_post`` and projection;
-    or a timm ConvNeXt (``convnext``) with open_clip's projection head; or OpenAI's
-    ModifiedResNet (``layers`` a tuple). The ViT fields mean nothing to a ConvNeXt."""
+    """Vision tower: a ViT with CLIP's ``ln_pre``, class token, ``ln_post`` and projection
+    (a timm Eva: ``eva`` set); or a timm ConvNeXt (``convnext``) with open_clip's projection
+    head; or OpenAI's ModifiedResNet (``layers`` a tuple). The ViT fields mean nothing to a
+    ConvNeXt."""
 
     image_size: int | tuple[int, int] = 224  # input size the position embedding is laid out for
     patch_size: int = 16  # side of the square patches
@@ -58,37 +74,55 @@ class CLIPVisionConfig:
     no_ln_pre: bool = False  # drop the LayerNorm before the blocks (CLIPA)
     pool_type: str = "tok"  # "tok" (class token), "avg" (mean of patches), "map" (attention pool)
     final_ln_after_pool: bool = False  # ln_post after pooling instead of on every token
-    act: str = "gelu"  # MLP activation: "gelu", "gelu_tanh" or "quick_gelu" (OpenAI's models)
+    # MLP activation: "gelu", "gelu_tanh", "quick_gelu" (OpenAI's models) or "swiglu" (EVA02)
+    act: str = "gelu"
     norm_eps: float = 1e-5  # LayerNorm epsilon
     class_token: bool = True  # prepend a class token (SigLIP's towers have none)
-    patch_bias: bool = False  # bias in the patch embedding (SigLIP's timm towers)
+    patch_bias: bool = False  # bias in the patch embedding (timm's SigLIP and Eva towers)
     # "linear" (ViT: bias-free; ConvNeXt: open_clip's head.proj), "mlp" (ConvNeXt: head.mlp,
-    # Linear-GELU-Linear, 2 * embed_dim wide) or "none" (embed_dim == width)
+    # Linear-GELU-Linear, 2 * embed_dim wide), "head" (timm ViT / Eva: the trunk's own
+    # classifier, a Linear with bias, open_clip's timm_proj=None) or "none" (embed_dim == width)
     proj_type: str = "linear"
     proj_bias: bool = False  # bias in a ConvNeXt's projection (open_clip's timm_proj_bias)
     timm_model_name: str | None = None  # the timm model this tower is, as open_clip names it
     convnext: dict[str, Any] | None = None  # a ConvNeXt: its attn_vision ConvNeXtConfig fields
+    eva: dict[str, Any] | None = None  # a timm Eva ViT: its EVA_FIELDS (RoPE, inner norms, ...)
 
     def __post_init__(self) -> None:
         if isinstance(self.image_size, list):
             self.image_size = tuple(self.image_size)
         if isinstance(self.layers, list):
             self.layers = tuple(self.layers)
-        if self.act not in ACTS:
-            raise ValueError(f"vision act must be one of {ACTS}, got {self.act!r}")
-        if self.proj_type not in ("linear", "mlp", "none"):
+        if self.act not in VISION_ACTS:
+            raise ValueError(f"vision act must be one of {VISION_ACTS}, got {self.act!r}")
+        if self.proj_type not in ("linear", "mlp", "head", "none"):
             raise ValueError(
-                f"vision proj_type must be 'linear', 'mlp' or 'none', got {self.proj_type!r}"
+                f"vision proj_type must be 'linear', 'mlp', 'head' or 'none', got "
+                f"{self.proj_type!r}"
             )
+        if (self.eva is not None or self.proj_type == "head") and not self.timm_model_name:
+            raise ValueError("eva= and proj_type='head' describe a timm tower: they need a "
+                             "timm_model_name")  # fmt: skip
+        if self.eva is not None:
+            self.eva = _eva_fields(self.eva)
+            if self.convnext is not None or isinstance(self.layers, tuple):
+                raise ValueError("eva= is for ViT towers (not a ConvNeXt or ResNet)")
+            if self.eva["rope"] and self.head_width % 4:
+                raise ValueError(f"a RoPE tower needs head_width divisible by 4, got "
+                                 f"{self.head_width}")  # fmt: skip
+        elif self.act == "swiglu":
+            raise ValueError("vision act='swiglu' is for EVA towers (eva=...) only")
         if self.convnext is not None:
             self.convnext = _convnext_fields(self.convnext)
             self.width = self.convnext["dims"][-1]  # what the projection gets, always
-            if self.proj_type == "none":
+            if self.proj_type not in ("linear", "mlp"):
                 raise ValueError("a ConvNeXt tower needs proj_type 'linear' or 'mlp'")
             return
         if self.proj_type == "mlp" or self.proj_bias:
             raise ValueError("proj_type='mlp' and proj_bias=True are for ConvNeXt towers only")
         if self.tower == "resnet":
+            if self.proj_type == "head":
+                raise ValueError("proj_type='head' is for ViT towers (timm's classifier head)")
             if isinstance(self.image_size, tuple) and len(set(self.image_size)) != 1:
                 raise ValueError(f"a ResNet tower needs square images, got {self.image_size}")
             if (self.width * 32) % self.head_width:
@@ -132,6 +166,18 @@ def _convnext_fields(d: dict[str, Any]) -> dict[str, Any]:
                          f"expected some of {list(_CONVNEXT_FIELDS)}")  # fmt: skip
     c = ConvNeXtConfig(**d)
     return {k: getattr(c, k) for k in _CONVNEXT_FIELDS}
+
+
+def _eva_fields(d: dict[str, Any]) -> dict[str, Any]:
+    """The Eva fields, complete (``EVA_FIELDS``' defaults) and checked; the grid a tuple."""
+    unknown = sorted(set(d) - set(EVA_FIELDS))
+    if unknown:
+        raise ValueError(f"unknown EVA field(s): {', '.join(unknown)}; "
+                         f"expected some of {list(EVA_FIELDS)}")  # fmt: skip
+    out = {**EVA_FIELDS, **d}
+    if out["rope_ref_grid"] is not None:
+        out["rope_ref_grid"] = tuple(_to_2tuple(out["rope_ref_grid"]))
+    return out
 
 
 @dataclass
@@ -330,8 +376,9 @@ def timm_vision_config(
     timm_proj_bias: bool = False,
 ) -> CLIPVisionConfig:
     """The :class:`CLIPVisionConfig` of open_clip's timm tower: timm ViT ``name`` built with
-    keyword arguments ``args``, pooled by ``timm_pool``, projected by ``timm_proj`` (only
-    ``"none"`` is built, so ``timm_proj_bias`` is moot).
+    keyword arguments ``args``, pooled by ``timm_pool``, projected by ``timm_proj``: None
+    (timm's own classifier ``head``, ``proj_type="head"``) or ``"none"`` (SigLIP), so
+    ``timm_proj_bias`` is moot.
 
     Raises ``ValueError`` naming each argument attn_clip cannot build.
     """
@@ -344,8 +391,8 @@ def timm_vision_config(
         bad.append(f"img_size={a['img_size']!r} (vision_cfg.image_size is {image_size!r})")
     if timm_pool not in _TIMM_POOLS:
         bad.append(f"timm_pool={timm_pool!r} (expected one of {list(_TIMM_POOLS)})")
-    if timm_proj != "none":
-        bad.append(f"timm_proj={timm_proj!r} (only 'none' is built)")
+    if timm_proj not in ("none", None):
+        bad.append(f"timm_proj={timm_proj!r} (expected None: timm's head, or 'none')")
     if bad:
         raise ValueError(f"timm ViT {name!r} with {', '.join(bad)}")
     pool = _TIMM_POOLS[timm_pool]
@@ -364,7 +411,7 @@ def timm_vision_config(
         norm_eps=1e-6,
         class_token=a["class_token"],
         patch_bias=not a["pre_norm"],
-        proj_type="none",
+        proj_type="head" if timm_proj is None else "none",
         timm_model_name=name,
     )
 
@@ -380,7 +427,7 @@ def timm_vit_args(v: CLIPVisionConfig) -> dict[str, Any]:
         bad.append(f"patch_bias={v.patch_bias} with no_ln_pre={v.no_ln_pre}")
     if v.final_ln_after_pool != (v.pool_type == "avg"):
         bad.append(f"final_ln_after_pool={v.final_ln_after_pool} with pool_type={v.pool_type!r}")
-    if v.proj_type != "none":
+    if v.proj_type not in ("head", "none"):
         bad.append(f"proj_type={v.proj_type!r}")
     if bad:
         raise ValueError(f"vision tower {v.timm_model_name!r} is not a timm ViT: {', '.join(bad)}")
@@ -465,10 +512,132 @@ def timm_convnext_args(v: CLIPVisionConfig) -> dict[str, Any]:
     }
 
 
+# ViTConfig fields timm's Eva kwargs may set (attn_vision's ``eva_args``) that a CLIP
+# tower has no field for: they must keep these values (EVA's: timm's ViT defaults)
+_EVA_FIXED = {
+    "qkv_bias": True,
+    "proj_bias": True,
+    "class_token": True,
+    "no_embed_class": False,
+    "reg_tokens": 0,
+    "pre_norm": False,
+    "final_norm": True,
+    "fc_norm": None,
+    "norm_eps": 1e-6,
+}
+# ViTConfig field -> CLIPVisionConfig field (the rest of a tower's are EVA_FIELDS)
+_EVA_VIT_FIELDS = {
+    "patch_size": "patch_size", "embed_dim": "width", "depth": "layers", "mlp_ratio": "mlp_ratio",
+    "init_values": "ls_init_value", "act": "act",
+}  # fmt: skip
+# timm ``Eva``'s defaults for the arguments every tower has
+TIMM_EVA_DEFAULTS: dict[str, Any] = {
+    "img_size": 224,
+    "patch_size": 16,
+    "embed_dim": 768,
+    "depth": 12,
+    "num_heads": 12,
+    "mlp_ratio": 4.0,
+}
+
+
+def timm_eva_config(
+    name: str,
+    args: dict[str, Any],
+    image_size: Any,
+    timm_pool: str = "avg",
+    timm_proj: str | None = "linear",
+    timm_proj_bias: bool = False,
+) -> CLIPVisionConfig:
+    """The :class:`CLIPVisionConfig` of open_clip's timm ``Eva`` tower (EVA-01, EVA02):
+    timm Eva ``name`` built with keyword arguments ``args`` (translated by attn_vision's
+    ``eva_args``), pooled by ``timm_pool``, projected by timm's own classifier ``head``
+    (``timm_proj=None``: ``proj_type="head"``) or not at all (``"none"``).
+
+    Raises ``ValueError`` naming each argument attn_clip cannot build (e.g. EVA02-E's
+    ``use_post_norm=True``).
+    """
+    from attn_vision.timm_table import eva_args  # (imports no timm for these kwargs)
+
+    vit, bad = eva_args({**TIMM_EVA_DEFAULTS, **args})
+    qkv_fused = bool(args.get("qkv_fused", True))
+    bad += [f"{k}={vit[k]!r}" for k, v in _EVA_FIXED.items() if k in vit and vit[k] != v]
+    known = {*_EVA_FIXED, *_EVA_VIT_FIELDS, *EVA_FIELDS, "img_size", "num_heads", "global_pool"}
+    bad += [f"{k}={v!r}" for k, v in vit.items() if k not in known]  # (no CLIP tower field)
+    if vit.get("act", "gelu") not in VISION_ACTS:
+        bad.append(f"act={vit['act']!r}")
+    if _to_2tuple(vit["img_size"]) != _to_2tuple(image_size):
+        bad.append(f"img_size={vit['img_size']!r} (vision_cfg.image_size is {image_size!r})")
+    if timm_pool not in _TIMM_POOLS or timm_pool == "map":
+        bad.append(f"timm_pool={timm_pool!r} (expected 'token' or 'avg')")
+    if timm_proj not in (None, "none"):
+        bad.append(f"timm_proj={timm_proj!r} (expected None: timm's head, or 'none')")
+    if bad:
+        raise ValueError(f"timm EVA {name!r} with {', '.join(bad)}")
+    pool = _TIMM_POOLS[timm_pool]
+    eva = {k: vit[k] for k in EVA_FIELDS if k in vit}
+    if vit.get("act") != "swiglu":
+        eva.pop("mlp_gate_last", None)
+    return CLIPVisionConfig(
+        **{ours: vit[k] for k, ours in _EVA_VIT_FIELDS.items() if k in vit},
+        image_size=image_size,
+        head_width=vit["embed_dim"] // vit["num_heads"],
+        no_ln_pre=True,
+        pool_type=pool,
+        final_ln_after_pool=pool == "avg",  # timm Eva: use_fc_norm=None means global_pool == avg
+        norm_eps=1e-6,
+        patch_bias=True,
+        proj_type="head" if timm_proj is None else "none",
+        timm_model_name=name,
+        eva={**eva, "qkv_fused": qkv_fused},
+    )
+
+
+def timm_eva_args(v: CLIPVisionConfig) -> dict[str, Any]:
+    """timm ``Eva`` keyword arguments of an EVA tower (inverse of :func:`timm_eva_config`);
+    ``ValueError`` if timm's Eva cannot express ``v``."""
+    e = v.eva or EVA_FIELDS
+    swiglu = v.act == "swiglu"
+    bad = []
+    if v.norm_eps != 1e-6:
+        bad.append(f"norm_eps={v.norm_eps} (timm's is 1e-6)")
+    if not (v.no_ln_pre and v.patch_bias and v.class_token):
+        bad.append("no_ln_pre, patch_bias and class_token must be True")
+    if v.pool_type not in ("tok", "avg") or v.final_ln_after_pool != (v.pool_type == "avg"):
+        bad.append(f"pool_type={v.pool_type!r} with final_ln_after_pool={v.final_ln_after_pool}")
+    if v.proj_type not in ("head", "none"):
+        bad.append(f"proj_type={v.proj_type!r}")
+    if v.act not in ("gelu", "swiglu"):
+        bad.append(f"act={v.act!r}")
+    if swiglu and e["mlp_gate_last"] != e["mlp_inner_norm"]:  # timm: SwiGLU iff scale_mlp
+        bad.append(f"mlp_gate_last={e['mlp_gate_last']} with mlp_inner_norm={e['mlp_inner_norm']}")
+    if bad:
+        raise ValueError(f"vision tower {v.timm_model_name!r} is not a timm Eva: {', '.join(bad)}")
+    out = {
+        "img_size": list(_to_2tuple(v.image_size)),
+        "patch_size": v.patch_size,
+        "embed_dim": v.width,
+        "depth": v.layers,
+        "num_heads": v.heads,
+        "mlp_ratio": v.mlp_ratio,
+        "qkv_fused": e["qkv_fused"],
+        "swiglu_mlp": swiglu,
+        "scale_mlp": e["mlp_inner_norm"],
+        "scale_attn_inner": e["attn_inner_norm"],
+        "use_rot_pos_emb": e["rope"],
+        "init_values": v.ls_init_value,
+        "global_pool": "token" if v.pool_type == "tok" else "avg",
+    }
+    if e["rope_ref_grid"] is not None:
+        out["ref_feat_shape"] = list(e["rope_ref_grid"])
+    return out
+
+
 # a table of open_clip_registry.json -> (its timm models' kwargs -> our config, the inverse)
 TIMM_FAMILIES = {
     "timm_vit": (timm_vision_config, timm_vit_args),
     "timm_convnext": (timm_convnext_config, timm_convnext_args),
+    "timm_eva": (timm_eva_config, timm_eva_args),
 }
 
 
@@ -531,11 +700,11 @@ class CLIPConfig:
     ) -> CLIPConfig:
         """Build from an open_clip model config dict (``open_clip.get_model_config(name)``).
 
-        ``timm_tables``: ``{"timm_vit": {name: kwargs}, "timm_convnext": {...}}``, timm's
+        ``timm_tables``: ``{"timm_vit": {name: kwargs}, "timm_convnext": {...}, ...}``, timm's
         keyword arguments of the timm towers (default: the tables shipped with attn_clip).
         Raises ``ValueError`` naming every key that asks for a feature not built here
         (Hugging Face text towers, attentional pooling, CoCa, timm towers other than plain
-        ViTs and ConvNeXts, ...).
+        ViTs, ConvNeXts and Evas, ...).
         """
         cfg = {k: v for k, v in cfg.items()}
         vcfg, tcfg = dict(cfg.pop("vision_cfg")), dict(cfg.pop("text_cfg"))
@@ -564,7 +733,7 @@ class CLIPConfig:
             bad += [f"vision_cfg.{k}" for k in vcfg if k not in _OPEN_CLIP_VIT_KEYS]
             if family is None:
                 bad.append(
-                    f"vision_cfg.timm_model_name={timm_name!r} (not a plain timm ViT or ConvNeXt)"
+                    f"vision_cfg.timm_model_name={timm_name!r} (not a timm ViT, ConvNeXt or Eva)"
                 )
             else:
                 try:
@@ -618,27 +787,25 @@ class CLIPConfig:
         """open_clip's ``vision_cfg`` of a timm tower; ``timm_model_args`` when the tower is
         not exactly its timm name's architecture."""
         v = self.vision
-        family = "timm_convnext" if v.tower == "convnext" else "timm_vit"
+        family = {"convnext": "timm_convnext"}.get(v.tower, "timm_eva" if v.eva else "timm_vit")
         to_config, to_args = TIMM_FAMILIES[family]
         args = to_args(v)  # raises if timm cannot express it
         pool = args.pop("global_pool", "")  # (a ConvNeXt: its own average pool)
         image_size = list(v.image_size) if isinstance(v.image_size, tuple) else v.image_size
+        proj = None if v.proj_type == "head" else v.proj_type  # None: timm's own head
         out = {
             "image_size": image_size,
             "timm_model_name": v.timm_model_name,
             "timm_model_pretrained": False,
             "timm_pool": pool,
-            "timm_proj": v.proj_type,
+            "timm_proj": proj,
             "timm_proj_bias": v.proj_bias,
         }
         preset = _shipped_timm_tables()[family].get(v.timm_model_name)
         try:
             same = (
                 preset is not None
-                and to_config(
-                    v.timm_model_name, preset, v.image_size, pool, v.proj_type, v.proj_bias
-                )
-                == v
+                and to_config(v.timm_model_name, preset, v.image_size, pool, proj, v.proj_bias) == v
             )
         except ValueError:
             same = False

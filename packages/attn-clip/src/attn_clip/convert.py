@@ -7,8 +7,12 @@ Sources (detected from tell-tale keys by :func:`detect_format`):
   OpenAI's TorchScript ``.pt`` archives hold once their ``state_dict()`` is taken,
   open_clip's ``CustomTextCLIP`` layout (the same keys under ``text.``), its timm
   image towers (SigLIP, ConvNeXt: ``visual.trunk.*``, timm's names, which are ours, and
-  ``visual.head.proj`` / ``visual.head.mlp``, ours too), and OpenAI's ResNets
-  (``visual.conv1`` ... ``visual.attnpool.*``, ours under ``visual.trunk.``).
+  ``visual.head.proj`` / ``visual.head.mlp``, ours too; EVA: timm ``Eva``'s block names,
+  converted by attn_vision's :func:`~attn_vision.convert.eva_to_vit`: ``q_proj`` /
+  ``k_proj`` / ``v_proj`` or ``qkv`` + ``q_bias`` / ``v_bias`` fused into one ``qkv`` with a
+  zero key bias, SwiGLU's ``fc1_x`` / ``fc1_g`` into one ``fc1``, ``gamma_1`` / ``gamma_2``
+  into ``ls1`` / ``ls2``), and OpenAI's ResNets (``visual.conv1`` ... ``visual.attnpool.*``,
+  ours under ``visual.trunk.``).
 * ``hf``         -- transformers ``CLIPModel`` (``text_model.*``, ``vision_model.*``,
   separate ``q_proj`` / ``k_proj`` / ``v_proj`` that are fused into one ``qkv``).
 * ``hf_siglip``  -- transformers ``SiglipModel`` / ``Siglip2Model`` (the same, plus
@@ -27,9 +31,15 @@ model: missing / unexpected keys, shapes, dtypes and non-finite values in one er
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 import torch
+from attn_vision.convert import eva_to_vit
+
+if TYPE_CHECKING:
+    from .config import CLIPVisionConfig
 
 __all__ = [
     "convert_hf_clip",
@@ -181,9 +191,17 @@ def convert_open_clip(sd: Mapping[str, torch.Tensor]) -> StateDict:
     c.move("visual.ln_post.weight", v + "norm.weight")
     c.move("visual.ln_post.bias", v + "norm.bias")
     c.move("visual.proj", "visual.proj.weight", _transpose)
-    # a timm tower (SigLIP, ConvNeXt): timm's names are attn_vision's, the MAP head
-    # included; a ConvNeXt's projection head (head.proj or head.mlp) is ours too
-    c.prefix("visual.trunk.", v)
+    # a timm tower (SigLIP, ConvNeXt, EVA): timm's names are attn_vision's, the MAP head
+    # and an EVA's classifier head (its projection) included, once an EVA's blocks are
+    # fused; a ConvNeXt's projection head (head.proj or head.mlp) is ours too
+    trunk = {k[len(v) :]: c.sd.pop(k) for k in [k for k in c.sd if k.startswith(v)]}
+    try:
+        trunk = eva_to_vit(trunk)
+    except KeyError as e:
+        raise ValueError(
+            f"open_clip checkpoint: an EVA block lacks visual.trunk.{e.args[0]}"
+        ) from None
+    c.out.update({v + k: t for k, t in trunk.items()})
     c.prefix("visual.head.proj.", "visual.head.proj.")
     c.prefix("visual.head.mlp.fc", "visual.head.mlp.fc")
     # temperature / bias: open_clip may store them as (1,) tensors
@@ -327,13 +345,52 @@ _BLOCK_PREFIXES = {
 }
 
 
-def to_open_clip(sd: Mapping[str, torch.Tensor]) -> StateDict:
+def _vit_to_eva(sd: StateDict, vision: CLIPVisionConfig) -> StateDict:
+    """Our ViT blocks -> timm ``Eva``'s (inverse of ``eva_to_vit``): ``qkv`` split into
+    ``q_proj`` / ``k_proj`` / ``v_proj`` (or kept, with ``q_bias`` / ``v_bias``, when timm
+    fuses it: ``qkv_fused``), the key bias dropped (exact: adding one vector to every key
+    shifts each query's scores by a constant, which the softmax cancels), SwiGLU's ``fc1``
+    split into ``fc1_x`` / ``fc1_g``, ``ls1`` / ``ls2`` renamed ``gamma_1`` / ``gamma_2``."""
+    eva, out = vision.eva, {}
+    split_fc1 = vision.act == "swiglu" and eva["mlp_gate_last"]  # (timm's packed GluMlp: kept)
+    for k, t in sd.items():
+        m = re.match(r"(visual\.trunk\.blocks\.\d+\.)(.*)", k)
+        p, name = (m.group(1), m.group(2)) if m else ("", "")
+        if name in ("attn.qkv.weight", "attn.qkv.bias"):
+            q, key, val = t.chunk(3)
+            if name.endswith("bias"):
+                out[f"{p}attn.q_bias" if eva["qkv_fused"] else f"{p}attn.q_proj.bias"] = q
+                out[f"{p}attn.v_bias" if eva["qkv_fused"] else f"{p}attn.v_proj.bias"] = val
+            elif eva["qkv_fused"]:
+                out[k] = t
+            else:
+                for n, part in zip("qkv", (q, key, val), strict=True):
+                    out[f"{p}attn.{n}_proj.weight"] = part
+        elif split_fc1 and name in ("mlp.fc1.weight", "mlp.fc1.bias"):
+            x, gate = t.chunk(2)
+            kind = name.rsplit(".", 1)[1]
+            out[f"{p}mlp.fc1_x.{kind}"], out[f"{p}mlp.fc1_g.{kind}"] = x, gate
+        elif name in ("ls1.gamma", "ls2.gamma"):
+            out[f"{p}gamma_{name[2]}"] = t
+        else:
+            out[k] = t
+    return out
+
+
+def to_open_clip(
+    sd: Mapping[str, torch.Tensor], vision: CLIPVisionConfig | None = None
+) -> StateDict:
     """attn_clip state dict -> open_clip ``CLIP`` names (what open_clip's loader reads).
 
     An image tower without class token, or with a patch bias or a MAP head (SigLIP), or a
     ConvNeXt keeps timm's names under ``visual.trunk.``, as open_clip's timm towers have
-    them; a ResNet's are open_clip's under ``visual.``.
+    them; a ResNet's are open_clip's under ``visual.``. An EVA tower's blocks take timm
+    ``Eva``'s layout, which only its config tells (``vision``: the model's
+    :class:`~attn_clip.config.CLIPVisionConfig`; without it they keep our names, which
+    attn_clip reads back but open_clip does not).
     """
+    if vision is not None and vision.eva is not None:
+        sd = _vit_to_eva(dict(sd), vision)
     inv_block = {v: k for k, v in _OPEN_CLIP_BLOCK.items()}
     has_text_bias = "text.proj.bias" in sd
     resnet = "visual.trunk.attnpool.c_proj.weight" in sd

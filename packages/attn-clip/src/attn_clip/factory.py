@@ -181,6 +181,26 @@ def load_checkpoint(
     return hub.load_state_dict(model, sd, source=source)
 
 
+def _compute_non_persistent_buffers(model: CLIP) -> None:
+    """Fill the buffers no checkpoint holds, which a model built on the ``meta`` device
+    and moved by ``to_empty`` has as uninitialized memory: the RoPE frequencies of an EVA02
+    trunk (from a fresh :class:`~attn_core.AxialRotaryEmbedding`). Any other such buffer
+    is an error here rather than garbage in the outputs."""
+    from attn_core import AxialRotaryEmbedding
+
+    saved = set(model.state_dict())
+    for name, buffer in model.named_buffers():
+        if name in saved:
+            continue
+        owner = model.get_submodule(name.rpartition(".")[0])
+        if not (isinstance(owner, AxialRotaryEmbedding) and name.endswith(".inv_freq")):
+            raise RuntimeError(f"no rule computes the non-persistent buffer {name}")
+        fresh = AxialRotaryEmbedding(owner.dim, owner.base, owner.ref_grid, owner.grid_offset,
+                                     owner.interleaved)  # fmt: skip
+        with torch.no_grad():
+            buffer.copy_(fresh.inv_freq)
+
+
 def _with_overrides(config: CLIPConfig, overrides: dict[str, Any]) -> CLIPConfig:
     """``config`` with top-level fields and ``vision={...}`` / ``text={...}`` fields replaced
     (a dict field is updated: ``vision={"convnext": {"depths": (1, 1, 2, 1)}}``)."""
@@ -319,6 +339,7 @@ def create_model(
         with torch.device("meta"):  # skip the random init the weights would overwrite
             model = CLIP(config, weight_init=False)
         model.to_empty(device="cpu")
+        _compute_non_persistent_buffers(model)
         load_checkpoint(model, ckpt)
     else:
         model = CLIP(config)
@@ -366,4 +387,4 @@ def save_weights(model: CLIP, path: str | os.PathLike, dtype: torch.dtype | None
     sd = model.state_dict()
     if dtype is not None:
         sd = {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}
-    return hub.save_state_dict(to_open_clip(sd), path)
+    return hub.save_state_dict(to_open_clip(sd, model.config.vision), path)

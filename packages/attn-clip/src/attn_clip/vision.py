@@ -13,6 +13,13 @@ patch embedding with bias, no ``norm_pre``, ``norm`` on every token, then the MA
 (``trunk.attn_pool``: a learned latent query attending over the tokens, then LayerNorm +
 MLP) whose output is the embedding itself (no projection).
 
+EVA-01 / EVA02-CLIP's is timm's ``Eva`` (``eva_giant_patch14_224``,
+``eva02_base_patch16_clip_224``, ...): the same ViT with a patch bias and no ``norm_pre``;
+EVA02 adds a 2D axial RoPE on the patch tokens (positions scaled onto a 16 x 16 reference
+grid), a SwiGLU MLP with a LayerNorm before ``fc2`` and a LayerNorm before the attention
+output projection. open_clip builds it with ``num_classes=embed_dim``: the projection is
+the trunk's classifier ``trunk.head`` (a Linear with bias, ``proj_type="head"``).
+
 A ConvNeXt tower is open_clip's ``TimmModel``: timm's ConvNeXt with its classifier removed
 (``trunk``: average pool + LayerNorm kept, ``(B, D)``), then ``head.proj`` (a Linear) or
 ``head.mlp`` (``fc1`` -> GELU -> ``fc2``, ``2 E`` wide) -- open_clip's names. A ResNet tower
@@ -35,12 +42,14 @@ from .modified_resnet import ModifiedResNet
 __all__ = ["CLIPVisionTower", "vit_config"]
 
 
-def vit_config(c: CLIPVisionConfig) -> ViTConfig:
-    """The attn_vision ``ViTConfig`` of a CLIP vision tower (no classifier head)."""
+def vit_config(c: CLIPVisionConfig, embed_dim: int = 0) -> ViTConfig:
+    """The attn_vision ``ViTConfig`` of a CLIP vision tower: no classifier head, except
+    timm's ``head`` to ``embed_dim`` as the projection (``proj_type="head"``)."""
+    eva = {k: v for k, v in (c.eva or {}).items() if k != "qkv_fused"}  # (a layout only)
     return ViTConfig(
         img_size=c.image_size,
         patch_size=c.patch_size,
-        num_classes=0,
+        num_classes=embed_dim if c.proj_type == "head" else 0,
         global_pool={"tok": "token", "avg": "avg", "map": "map"}[c.pool_type],
         embed_dim=c.width,
         depth=c.layers,
@@ -55,6 +64,7 @@ def vit_config(c: CLIPVisionConfig) -> ViTConfig:
         norm_eps=c.norm_eps,
         act=c.act,
         init_values=c.ls_init_value,
+        **eva,  # EVA: rope, rope_ref_grid, attn_inner_norm, mlp_inner_norm, mlp_gate_last
     )
 
 
@@ -92,7 +102,7 @@ def build_trunk(config: CLIPVisionConfig, embed_dim: int, weight_init: bool = Tr
     if config.tower == "convnext":
         convnext = ConvNeXtConfig(**config.convnext, num_classes=0)
         return ConvNeXt(convnext, weight_init=weight_init)
-    return VisionTransformer(vit_config(config), weight_init=weight_init)
+    return VisionTransformer(vit_config(config, embed_dim), weight_init=weight_init)
 
 
 class CLIPVisionTower(nn.Module):
@@ -108,7 +118,8 @@ class CLIPVisionTower(nn.Module):
             nn.Linear(config.width, embed_dim, bias=False)
             if vit and config.proj_type == "linear"
             else None
-        )  # the ViT's projection; a ConvNeXt's is `head`, a ResNet's ends its attention pool
+        )  # the ViT's projection (a timm tower's may be trunk.head); a ConvNeXt's is `head`,
+        # a ResNet's ends its attention pool
         self.head = convnext_head(config, embed_dim) if config.tower == "convnext" else None
         if weight_init and self.proj is not None:
             nn.init.normal_(self.proj.weight, std=config.width**-0.5)
@@ -140,6 +151,8 @@ class CLIPVisionTower(nn.Module):
         """``(B, D)`` pooled features -> ``(B, E)`` (SigLIP, ResNet: no projection here)."""
         if self.proj is not None:
             return self.proj(pooled)
+        if self.config.proj_type == "head":  # timm's classifier (EVA): Linear with bias
+            return self.trunk.head(pooled)
         return self.head(pooled) if self.head is not None else pooled
 
     def forward_features(self, images: torch.Tensor) -> torch.Tensor:

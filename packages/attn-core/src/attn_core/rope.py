@@ -118,8 +118,10 @@ class AxialRotaryEmbedding(nn.Module):
         self.ref_grid = tuple(ref_grid) if ref_grid is not None else None
         self.grid_offset = grid_offset
         bands = dim // 4
-        inv_freq = base ** (-torch.arange(bands, dtype=torch.float32) / bands)  # (dim/4,)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        # computed on the CPU, then put on the default device: on ``meta`` (models built
+        # before their weights are loaded) arithmetic would import torch._dynamo (~1 s)
+        inv_freq = base ** (-torch.arange(bands, dtype=torch.float32, device="cpu") / bands)
+        self.register_buffer("inv_freq", inv_freq.to(torch.get_default_device()), persistent=False)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, base={self.base}, ref_grid={self.ref_grid}"

@@ -45,6 +45,7 @@ __all__ = [
     "convert_timm_resnet",
     "convert_timm_swin",
     "convert_timm_vit",
+    "eva_to_vit",
     "expected_state_dict_shapes",
 ]
 
@@ -105,8 +106,10 @@ def check_state_dict(
     raise CheckpointError("\n".join(lines))
 
 
-def _eva_to_vit(sd: StateDict) -> StateDict:
-    """timm ``Eva`` block names -> ours (see the module docstring); others pass unchanged."""
+def eva_to_vit(sd: StateDict) -> StateDict:
+    """timm ``Eva`` block names -> ours (see the module docstring); others pass unchanged.
+
+    Keys only, no config: also what attn_clip applies to open_clip's EVA towers."""
     out = dict(sd)
     blocks = {m.group(1) for k in sd if (m := re.match(r"(blocks\.\d+\.)", k))}
     for p in sorted(blocks):
@@ -137,7 +140,7 @@ def convert_timm_vit(state_dict: Mapping[str, torch.Tensor], config: ViTConfig) 
     :class:`~attn_vision.vit.VisionTransformer`."""
     expected = expected_state_dict_shapes(VisionTransformer, config)
     out: StateDict = {}
-    for k, v in _eva_to_vit(_unwrap(state_dict)).items():
+    for k, v in eva_to_vit(_unwrap(state_dict)).items():
         if k.startswith("pre_logits."):
             continue  # representation layer of old in21k checkpoints; unused (timm drops it too)
         if k.startswith("attn_pool.") and config.global_pool != "map":

@@ -1,0 +1,170 @@
+"""EVA-CLIP parity: random-init open_clip EVA models (a timm ``Eva`` image tower whose
+classifier ``head`` is the projection, open_clip's text tower under ``text.``) saved in
+open_clip's on-disk formats, loaded through ``create_model``, fp32 image and text
+embeddings and logits equal at 1e-4.
+
+Full width, 2 blocks per tower (timm's ``depth`` passed through its ``create_model``).
+EVA02-B-16: 2D RoPE, SwiGLU with separate ``fc1_x`` / ``fc1_g``, inner norms, separate
+``q_proj`` / ``k_proj`` / ``v_proj``; EVA01-g-14: a plain ViT with a fused ``qkv`` and
+``q_bias`` / ``v_bias``, 1408 wide; EVA02-L-14-336 (slow): the RoPE positions of its 24 x 24
+grid scaled onto the 16 x 16 reference grid. The names and shapes of every config at full
+depth are checked on the meta device in test_convert.py."""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import open_clip
+import pytest
+import timm
+import torch
+from attn_clip import CLIPConfig, create_model, get_model_config, save_pretrained, to_open_clip
+from safetensors.torch import load_file, save_file
+from torch.testing import assert_close
+
+TOL = {"atol": 1e-4, "rtol": 1e-4}
+DEPTH = 2
+
+CASES = [
+    ("EVA02-B-16", "open_clip_model.safetensors"),
+    ("EVA01-g-14", "open_clip_pytorch_model.bin"),
+    pytest.param("EVA02-L-14-336", "open_clip_model.safetensors", marks=pytest.mark.slow),
+]
+
+
+def _open_clip_config(name: str) -> dict:
+    cfg = copy.deepcopy(open_clip.get_model_config(name))
+    cfg.pop("custom_text")
+    cfg["text_cfg"]["layers"] = DEPTH
+    return cfg
+
+
+def _open_clip_eva(name: str, monkeypatch, custom_text: bool = True) -> torch.nn.Module:
+    """open_clip's model for ``name`` with DEPTH blocks per tower, norms and biases
+    perturbed (so a swapped or missing one cannot hide), in eval mode."""
+    cfg = _open_clip_config(name)
+    monkeypatch.setattr(timm, "create_model", functools.partial(timm.create_model, depth=DEPTH))
+    torch.manual_seed(0)
+    model_cls = open_clip.model.CustomTextCLIP if custom_text else open_clip.model.CLIP
+    ref = model_cls(**cfg)
+    monkeypatch.undo()
+    with torch.no_grad():
+        for p in ref.parameters():
+            if p.ndim <= 1:
+                p.add_(torch.randn_like(p) * 0.05)
+        head = ref.visual.trunk.head.weight  # timm's init (std 0.02): embeddings ~0.1
+        head.normal_(std=head.shape[1] ** -0.5)  # open_clip's projection init: ~1
+    return ref.eval()
+
+
+OVERRIDES = {"vision": {"layers": DEPTH}, "text": {"layers": DEPTH}}
+
+
+def _inputs(ref: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    tokens = open_clip.get_tokenizer("EVA02-B-16")(["a photo of a dog", "a cat on a mat", ""])
+    return torch.randn(2, 3, *ref.visual.image_size), tokens
+
+
+def _save(sd: dict, path) -> str:
+    sd = {k: v.contiguous() for k, v in sd.items()}
+    if str(path).endswith(".safetensors"):
+        save_file(sd, str(path))
+    else:
+        torch.save(sd, path)
+    return str(path)
+
+
+@pytest.mark.parametrize(("name", "filename"), CASES)
+def test_open_clip_eva_checkpoint_files(tmp_path, monkeypatch, name, filename):
+    ref = _open_clip_eva(name, monkeypatch)
+    images, tokens = _inputs(ref)
+    with torch.no_grad():
+        ref_image, ref_text = ref.encode_image(images), ref.encode_text(tokens)
+        image_n, text_n, scale = ref(images, tokens)[:3]  # normalized, exp(logit_scale)
+        ref_logits = scale * image_n @ text_n.T
+    assert not torch.allclose(ref_image[0], ref_image[1])  # the images tell apart
+    sd = ref.state_dict()
+    assert "visual.trunk.head.bias" in sd  # timm's classifier is the projection
+    rope = name.startswith("EVA02")
+    assert ("visual.trunk.blocks.0.attn.k_proj.weight" in sd) == rope  # else a fused qkv
+    path = _save(sd, tmp_path / filename)
+    ours = create_model(name, pretrained=path, **OVERRIDES)
+    v = ours.config.vision
+    assert (v.proj_type, v.eva["rope"], v.eva["qkv_fused"]) == ("head", rope, not rope)
+    with torch.no_grad():
+        image, text = ours.encode_image(images), ours.encode_text(tokens)
+        out = ours(images, tokens)
+    assert_close(image, ref_image, **TOL)
+    assert_close(text, ref_text, **TOL)
+    assert_close(out.logits_per_image, ref_logits, **TOL)
+    ours.set_fast_inference(False)  # the plain modules give the same
+    with torch.no_grad():
+        assert_close(ours.encode_image(images), ref_image, **TOL)
+    # back to open_clip's (CLIP-layout) names: every tensor as open_clip has it, the zero
+    # key bias our fused qkv carries left out
+    back = to_open_clip(ours.state_dict(), v)
+    want = {(k[5:] if k.startswith("text.") else k): t for k, t in sd.items()}
+    assert back.keys() == want.keys()
+    assert all(torch.equal(back[k], t) for k, t in want.items())
+
+
+def test_eva_save_pretrained_round_trips_and_loads_in_open_clip(tmp_path, monkeypatch):
+    """save_pretrained writes open_clip's layout with timm Eva's block names; the shrunk
+    tower's timm arguments go to ``timm_model_args`` (attn_clip reads them back exactly;
+    open_clip, given the same depth, loads the weights)."""
+    ref = _open_clip_eva("EVA02-B-16", monkeypatch)
+    path = _save(ref.state_dict(), tmp_path / "w.safetensors")
+    ours = create_model("EVA02-B-16", pretrained=path, **OVERRIDES)
+    save_pretrained(ours, tmp_path / "saved")
+    back = create_model(str(tmp_path / "saved"))
+    assert back.config == ours.config
+    for k, t in ours.state_dict().items():
+        assert torch.equal(back.state_dict()[k], t), k
+    vision_cfg = ours.config.to_open_clip()["vision_cfg"]
+    assert vision_cfg["timm_proj"] is None and vision_cfg["timm_model_args"]["depth"] == DEPTH
+    twin = _open_clip_eva("EVA02-B-16", monkeypatch, custom_text=False)
+    twin.load_state_dict(load_file(str(tmp_path / "saved" / "open_clip_model.safetensors")))
+    images, tokens = _inputs(ref)
+    with torch.no_grad():
+        assert_close(twin.encode_image(images), ref.encode_image(images), **TOL)
+        assert_close(twin.encode_text(tokens), ref.encode_text(tokens), **TOL)
+
+
+def test_eva_configs_and_refusals():
+    """The EVA towers come from the shipped timm_eva table; EVA02-E (timm's post-norm
+    blocks) is refused by name; broken EVA checkpoints are named."""
+    b16 = get_model_config("EVA02-B-16")
+    v = b16.vision
+    assert (v.act, v.mlp_ratio * v.width, v.eva["rope_ref_grid"]) == ("swiglu", 2048, (16, 16))
+    assert (v.eva["attn_inner_norm"], v.eva["mlp_inner_norm"], v.eva["qkv_fused"]) == (
+        True, True, False,
+    )  # fmt: skip
+    assert b16.with_act(True).vision == v  # open_clip's quick_gelu leaves timm towers alone
+    g14 = get_model_config("EVA01-g-14-plus")
+    assert (g14.vision.width, g14.vision.layers, g14.text.width, g14.text.layers) == (
+        1408, 40, 1024, 24,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="EVA02-E-14.*cannot be built.*use_post_norm=True"):
+        get_model_config("EVA02-E-14")
+    cfg = open_clip.get_model_config("EVA02-B-16")
+    for key, value, match in [
+        ("timm_proj", "linear", "timm_proj='linear'"),
+        ("timm_pool", "map", "timm_pool='map'"),
+        ("timm_model_args", {"depth": 2, "qk_norm": True}, "qk_norm=True"),
+    ]:
+        bad = {**cfg, "vision_cfg": {**cfg["vision_cfg"], key: value}}
+        with pytest.raises(ValueError, match=match):
+            CLIPConfig.from_open_clip(bad)
+    with pytest.raises(ValueError, match="need a timm_model_name"):
+        type(v)(eva={"rope": True})
+    with pytest.raises(ValueError, match="swiglu.*EVA towers"):
+        type(v)(act="swiglu")
+
+
+def test_incomplete_eva_block_is_named(tmp_path, monkeypatch):
+    ref = _open_clip_eva("EVA02-B-16", monkeypatch)
+    sd = dict(ref.state_dict())
+    del sd["visual.trunk.blocks.1.attn.k_proj.weight"]
+    with pytest.raises(ValueError, match=r"blocks\.1\.attn\.k_proj\.weight"):
+        create_model("EVA02-B-16", pretrained=_save(sd, tmp_path / "w.bin"), **OVERRIDES)
