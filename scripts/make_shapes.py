@@ -1,4 +1,4 @@
-"""Write the generated captioned-shapes data set (see attn_clip.shapes).
+"""Write the generated captioned-shapes data set (see attn_train.shapes).
 
     uv run scripts/make_shapes.py data/shapes                       # 8000 / 600 / 600 images
     uv run scripts/make_shapes.py data/tiny --n-train 64 --n-val 16 --n-heldout 16
@@ -17,7 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
-from attn_clip import shapes
+from attn_train import shapes
 from attn_train.cli import make_parser, run_main
 
 
@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--uncoloured",
         type=float,
         default=0.0,
-        help="add this fraction of black / white training shapes captioned by shape only",
+        help="add this fraction of black / grey / white training shapes (not classes)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p

@@ -37,8 +37,7 @@ RUN = ["--threads", "1", "--log-every", "1", "--save-every", "1", "--batch-size"
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
     """Tiny data for every script, a file that is not an image and a pickle that runs code."""
-    from attn_clip import shapes
-    from attn_train import synthetic
+    from attn_train import shapes, synthetic
 
     root = tmp_path_factory.mktemp("data")
     shapes.write_dataset(root / "shapes", n_train=16, n_val=0, n_heldout=0, image_size=32)
@@ -290,7 +289,7 @@ def test_make_shapes_and_export_answer_the_same_way(
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    from attn_clip import shapes
+    from attn_train import shapes
 
     monkeypatch.setattr(shapes, "write_dataset", interrupted)
     assert cli(lambda: ms.main([str(out)]), capsys) == (130, ["interrupted"])

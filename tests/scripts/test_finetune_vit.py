@@ -51,7 +51,7 @@ def fv(load_script):
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
-    from attn_clip import shapes
+    from attn_train import shapes
 
     root = tmp_path_factory.mktemp("shapes")
     shapes.write_dataset(root, n_train=48, n_val=24, n_heldout=0, image_size=32)

@@ -7,8 +7,9 @@ import warnings
 
 import pytest
 import torch
-from attn_clip import Tokenizer, image_transform, shapes
+from attn_clip import Tokenizer, image_transform
 from attn_clip.config import PreprocessConfig
+from attn_train import shapes
 from attn_train.data import (
     Collated,
     CsvImageTextDataset,

@@ -90,13 +90,13 @@ class BundledModel:
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 
 BUNDLED_MODELS: dict[str, BundledModel] = {
-    # 32 px images, 8 px patches (16 patches + class token); a 3-block, 128-wide ViT and a
-    # 2-block, 32-wide causal text tower over OpenAI's BPE; ~2.3 M parameters (~4.6 MB fp16).
+    # 48 px images, 8 px patches (36 patches + class token); a 3-block, 128-wide ViT and a
+    # 2-block, 32-wide causal text tower over OpenAI's BPE; ~2.2 M parameters (~4.5 MB fp16).
     "demo-shapes": BundledModel(
         config={
             "embed_dim": 64,
             "vision_cfg": {
-                "image_size": 32,
+                "image_size": 48,
                 "patch_size": 8,
                 "width": 128,
                 "layers": 3,
@@ -113,7 +113,7 @@ BUNDLED_MODELS: dict[str, BundledModel] = {
             },
         },
         weights={"shapes": "demo-shapes.safetensors"},
-        preprocess=PreprocessConfig(size=32),
+        preprocess=PreprocessConfig(size=48),
     ),
 }
 

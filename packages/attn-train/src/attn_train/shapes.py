@@ -116,8 +116,9 @@ TEMPLATES: tuple[tuple[str, float], ...] = (
     ("a photo of a {colour} {shape}", 0.2),
     ("a photo of a {size} {colour} {shape} {where}", 0.1),
 )
-# uncoloured shapes, captioned by shape only: see make_dataset(uncoloured=)
-# ("grey" takes a random level in [60, 200] per image: every brightness a colour can have)
+# uncoloured (black / grey / white) shapes, captioned by their shape, half of the time also
+# by their colour: see make_dataset(uncoloured=) ("grey" takes a random level in [60, 200]
+# per image: every brightness a colour can have)
 ACHROMATIC: dict[str, tuple[int, int, int]] = {
     "black": (22, 22, 22),
     "grey": (130, 130, 130),
@@ -125,10 +126,13 @@ ACHROMATIC: dict[str, tuple[int, int, int]] = {
 }
 _FILLS = {**COLOURS, **ACHROMATIC}  # every colour a shape can be drawn in
 UNCOLOURED_TEMPLATES: tuple[tuple[str, float], ...] = (
-    ("a {size} {shape} {where}", 0.4),
-    ("a {shape} {where}", 0.2),
-    ("a {shape}", 0.2),
-    ("a photo of a {shape}", 0.2),
+    ("a {size} {shape} {where}", 0.2),
+    ("a {shape} {where}", 0.1),
+    ("a {shape}", 0.1),
+    ("a photo of a {shape}", 0.1),
+    ("a {size} {colour} {shape} {where}", 0.15),
+    ("a {colour} {shape}", 0.15),
+    ("a photo of a {colour} {shape}", 0.2),
 )
 _SUPERSAMPLE = 4  # shapes are drawn at 4x and box-filtered down (anti-aliasing)
 # degrees either way. Small on purpose: a small ViT learns rotated shapes from 8 px patches
@@ -316,7 +320,7 @@ class ShapeSample:
 
     @property
     def uncoloured(self) -> bool:
-        """A black / grey / white shape whose caption names only the shape (no class)."""
+        """A black / grey / white shape (not one of the 30 classes)."""
         return self.colour in ACHROMATIC
 
     def image(self) -> Image.Image:
@@ -339,11 +343,13 @@ def make_dataset(
     ``caption_style``: ``"full"`` (always ``"a {size} {colour} {shape} {where}"``) or
     ``"mixed"`` (one of :data:`TEMPLATES` per sample, by weight). ``pairs`` overrides the
     split's colour-shape pairs. ``uncoloured``: add ``round(n * uncoloured)`` black,
-    grey or white shapes (every shape equally often) captioned by shape only
-    (:data:`UNCOLOURED_TEMPLATES`), after the ``n`` coloured ones. They teach shape
-    features that do not depend on the colour -- what lets a never-seen colour-shape
-    pair be recognised -- without showing any held-out pair. Images are rendered lazily
-    by ``sample.image()``.
+    grey or white shapes (every shape equally often), after the ``n`` coloured ones,
+    captioned by their shape (``"a small star at the top"``) or, half of the time, by
+    their colour and shape (``"a photo of a black star"``; :data:`UNCOLOURED_TEMPLATES`).
+    They teach shape features that do not depend on the colour, and captions in which
+    every colour word goes with every shape -- what lets a never-seen colour-shape pair
+    be recognised -- without showing any held-out pair. Images are rendered lazily by
+    ``sample.image()``.
     """
     if caption_style not in ("full", "mixed"):
         raise ValueError(f"caption_style must be 'full' or 'mixed', got {caption_style!r}")

@@ -5,8 +5,8 @@
 * sentiment: short reviews whose clauses can be negated (:func:`write_reviews`).
 * language modelling: nursery-rhyme lines from a small grammar (:func:`rhymes`).
 
-The captioned-shapes images (the CLIP / ViT recipes' data) are :mod:`attn_clip.shapes`:
-the bundled ``demo-shapes`` model is defined by them, so they ship with attn-clip.
+The captioned-shapes images (the CLIP / ViT recipes' data, on which the bundled
+``demo-shapes`` CLIP is trained) are :mod:`attn_train.shapes`.
 """
 
 from __future__ import annotations
