@@ -128,13 +128,14 @@ MAX_ASPECT = 100  # longer side / shorter side
 DRAFT_SIDE = 4096  # JPEGs larger than this square are decoded at 1/2, 1/4 or 1/8 scale
 
 
-def load_image_file(path: str | os.PathLike) -> tuple[Image.Image, str]:
+def load_image_file(path: str | os.PathLike, draft: int | None = None) -> tuple[Image.Image, str]:
     """Read and decode ``path``: ``(RGB image with EXIF rotation applied, SHA-256 of the
     file)``, or raise InputError saying what is wrong: missing, a folder, not an image,
     truncated / corrupt, so large it could be a decompression bomb (Pillow's warning is
     treated as an error too), or of extreme size or aspect ratio (checked from the header,
     before decoding). JPEGs above ``DRAFT_SIDE`` squared pixels are decoded at a reduced
-    scale (Pillow's draft mode), their longer side still >= ``DRAFT_SIDE``."""
+    scale (Pillow's draft mode), their longer side still >= ``DRAFT_SIDE``; with ``draft``
+    (the model's input side) at the smallest scale whose shorter side stays >= ``draft``."""
     p = Path(path)
     if not p.exists():
         raise InputError(f"image not found: {path}")
@@ -151,9 +152,12 @@ def load_image_file(path: str | os.PathLike) -> tuple[Image.Image, str]:
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(io.BytesIO(data)) as img:
                 _check_geometry(img.size)  # from the header: nothing decoded yet
-                if img.format == "JPEG" and img.width * img.height > DRAFT_SIDE**2:
-                    # decode at the smallest scale whose longer side stays >= DRAFT_SIDE
+                scale = 1.0
+                if img.width * img.height > DRAFT_SIDE**2:  # longer side stays >= DRAFT_SIDE
                     scale = DRAFT_SIDE / max(img.size)
+                if draft:  # shorter side stays >= the model's input (either way up)
+                    scale = min(scale, draft / min(img.size))
+                if img.format == "JPEG" and scale < 1:
                     img.draft("RGB", (math.ceil(img.width * scale), math.ceil(img.height * scale)))
                 img.load()
                 img = to_rgb(ImageOps.exif_transpose(img))
@@ -182,16 +186,22 @@ def open_image(path: str | os.PathLike) -> Image.Image:
     return load_image_file(path)[0]
 
 
-def iter_images(paths: list[Path], workers: int = 4, transform: Callable | None = None):
+def iter_images(
+    paths: list[Path],
+    workers: int = 4,
+    transform: Callable | None = None,
+    draft: int | None = None,
+):
     """``(path, image, sha256, error)`` for each path, in order, decoded by a thread pool
     (``error`` is the InputError message and ``image`` None for an unreadable file). With
     ``transform`` the workers apply it and ``image`` is its result (e.g. the model's input
-    tensor): the decoded pictures are dropped at once, so memory stays that of the inputs."""
+    tensor): the decoded pictures are dropped at once, so memory stays that of the inputs.
+    ``draft``: see :func:`load_image_file`."""
     from concurrent.futures import ThreadPoolExecutor
 
     def load(path: Path):
         try:
-            image, digest = load_image_file(path)
+            image, digest = load_image_file(path, draft)
         except InputError as e:
             return path, None, None, str(e)
         return path, transform(image) if transform is not None else image, digest, None

@@ -29,11 +29,15 @@ exits with code 2. Unreadable files under the indexed folder are skipped and cou
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
+import glob
 import hashlib
+import importlib.util
 import itertools
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +63,7 @@ PROBE_TEXT = "a photo of a dog."  # its embedding is stored to recognise the sam
 PROBE_MIN_COSINE = 0.99  # bf16 / fp16 / another device stay far above this
 IMAGE_COLUMNS = ("filepath", "image", "image_path", "path", "file", "filename")
 CAPTION_COLUMNS = ("title", "caption", "text", "sentence")
+ANN_THRESHOLD = 100_000  # --ann auto: an approximate index from this many images on
 
 
 # -- index files ---------------------------------------------------------------------------
@@ -192,13 +197,20 @@ def load_recorded_model(args: argparse.Namespace, recorded: dict[str, Any]) -> L
 # -- embedding -----------------------------------------------------------------------------
 
 
-def embed_images(loaded: LoadedModel, paths: list[Path], args, desc: str):
-    """Yield ``(path, embedding or None, sha256, error)`` in batches, with a progress bar."""
+def embed_images(loaded: LoadedModel, paths: list[Path], args, desc: str, show: bool = True):
+    """Yield ``(path, embedding or None, sha256, error)`` in batches, with a progress bar.
+
+    ``--workers`` threads decode (JPEGs in Pillow's draft mode, at the smallest scale that
+    still covers the model's input) and preprocess the images, up to two batches ahead of the
+    model, so decoding goes on while the model runs and memory stays bounded."""
     import torch
     from tqdm import tqdm
 
-    bar = tqdm(total=len(paths), unit="img", desc=desc, disable=None)
-    stream = iter_images(paths, workers=args.workers, transform=loaded.preprocess)
+    bar = tqdm(total=len(paths), unit="img", desc=desc, disable=None if show else True)
+    side = max(getattr(loaded.preprocess, "size", None) or (0,))
+    stream = iter_images(paths, args.workers, transform=loaded.preprocess, draft=side or None)
+    if args.workers > 0:
+        stream = read_ahead(stream, 2 * args.batch_size)
     try:
         while batch := list(itertools.islice(stream, args.batch_size)):
             good = [(p, x, h) for p, x, h, err in batch if err is None]
@@ -213,6 +225,46 @@ def embed_images(loaded: LoadedModel, paths: list[Path], args, desc: str):
             bar.update(len(batch))
     finally:
         bar.close()
+
+
+def read_ahead(items, ahead: int):
+    """``items``, produced by a background thread at most ``ahead`` items ahead of the
+    consumer (whose exceptions, Ctrl-C included, stop the producer)."""
+    import queue
+    import threading
+
+    box: queue.Queue = queue.Queue(maxsize=ahead)
+    stop, end = threading.Event(), object()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                box.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not put(item):
+                    return
+            put(end)
+        except BaseException as e:  # handed to the consumer, raised there
+            put((end, e))
+        finally:
+            items.close()
+
+    thread = threading.Thread(target=produce, daemon=True, name="read-ahead")
+    thread.start()
+    try:
+        while (item := box.get()) is not end:
+            if isinstance(item, tuple) and len(item) == 2 and item[0] is end:
+                raise item[1]
+            yield item
+    finally:
+        stop.set()
 
 
 def embed_texts(loaded: LoadedModel, texts: list[str], batch_size: int):
@@ -236,6 +288,8 @@ def cmd_index(args: argparse.Namespace) -> int:
     base = index_base(args.out)
     if not base.parent.is_dir():
         raise InputError(f"--out: folder {base.parent} does not exist")
+    if torchrun_rank() is not None:
+        return index_distributed(args, root, base)
     import attn_clip
 
     try:
@@ -245,9 +299,40 @@ def cmd_index(args: argparse.Namespace) -> int:
         raise InputError(f"{e}; try again when it has finished") from None
 
 
+class Plan:
+    """What an ``index`` run does: the rows it keeps, the files it embeds, what it found.
+    (A plain class: the app is also loaded as a module that is not in ``sys.modules``.)"""
+
+    def __init__(self, root: Path, base: Path, old, old_index, record, loaded, found) -> None:
+        self.root, self.base = root, base
+        self.old: dict[str, Any] | None = old  # the old manifest (--update)
+        self.old_index = old_index  # its EmbeddingIndex
+        self.record: dict[str, Any] = record  # the model
+        self.loaded: LoadedModel = loaded
+        self.found: list[Path] = found
+        self.files: dict[str, dict[str, Any]] = {}
+        self.skipped: dict[str, dict[str, Any]] = {}
+        self.keep: dict[str, int] = {}  # rel -> row in the old index
+        self.todo: list[Path] = []
+        self.stats: dict[str, dict[str, int]] = {}  # rel -> size, mtime of each file in todo
+        self.counts = dict.fromkeys(("added", "updated", "unchanged", "removed", "skipped"), 0)
+        self.new: dict[str, Any] = {}  # rel -> its new embedding
+
+
 def update_index(args: argparse.Namespace, root: Path, base: Path) -> int:
     """Build (or with --update, bring up to date) the index at ``base`` of ``root``."""
-    old = None
+    plan = plan_index(args, root, base)
+    for path, emb, digest, error in embed_images(plan.loaded, plan.todo, args, desc="embedding"):
+        rel = path.relative_to(root).as_posix()
+        take_result(plan, rel, file_stat(path), emb, digest, error)
+        if error is not None:
+            warn(f"skipped {error}")
+    return finish_index(args, plan)
+
+
+def plan_index(args: argparse.Namespace, root: Path, base: Path) -> Plan:
+    """Load the old index (--update) and the model; decide per file: keep or embed."""
+    old, old_index = None, None
     if args.update and manifest_path(base).exists():
         old, old_index = load_index(base)
         check_requested_model(args, old["model"], base)
@@ -263,15 +348,12 @@ def update_index(args: argparse.Namespace, root: Path, base: Path) -> int:
     else:
         loaded = load_model(args.model, args.pretrained, args.device, args.precision)
         record = model_record(loaded, args.precision)
+    plan = Plan(root, base, old, old_index, record, loaded, found)
+    check_ann_args(args, record["embed_dim"], len(found))
 
     # Decide per file: keep the old row (same size + mtime, or same content), or embed.
     old_files = old["files"] if old else {}
     old_skipped = old["skipped"] if old else {}
-    files: dict[str, dict[str, Any]] = {}
-    skipped: dict[str, dict[str, Any]] = {}
-    keep: dict[str, int] = {}  # rel -> row in the old index
-    todo: list[Path] = []
-    counts = dict.fromkeys(("added", "updated", "unchanged", "removed", "skipped"), 0)
     rows = {rel: i for i, rel in enumerate(old_files)}
     for path in found:
         rel = path.relative_to(root).as_posix()
@@ -279,64 +361,334 @@ def update_index(args: argparse.Namespace, root: Path, base: Path) -> int:
         prev = old_files.get(rel) or old_skipped.get(rel)
         same_stat = prev is not None and all(prev[k] == stat[k] for k in stat)
         if rel in old_files and (same_stat or _same_content(path, prev, stat)):
-            files[rel] = {**stat, "sha256": prev["sha256"]}
-            keep[rel] = rows[rel]
-            counts["unchanged"] += 1
+            plan.files[rel] = {**stat, "sha256": prev["sha256"]}
+            plan.keep[rel] = rows[rel]
+            plan.counts["unchanged"] += 1
         elif rel in old_skipped and same_stat:
-            skipped[rel] = prev  # still the same unreadable file: not retried
-            counts["skipped"] += 1
+            plan.skipped[rel] = prev  # still the same unreadable file: not retried
+            plan.counts["skipped"] += 1
         else:
-            todo.append(path)
+            plan.todo.append(path)
+            plan.stats[rel] = stat
     present = {path.relative_to(root).as_posix() for path in found}
-    counts["removed"] = sum(rel not in present for rel in old_files)
+    plan.counts["removed"] = sum(rel not in present for rel in old_files)
+    return plan
 
-    new_ids, new_embs = [], []
-    for path, emb, digest, error in embed_images(loaded, todo, args, desc="embedding"):
-        rel = path.relative_to(root).as_posix()
-        stat = file_stat(path)
-        if error is not None:
-            skipped[rel] = {**stat, "error": error}
-            counts["skipped"] += 1
-            warn(f"skipped {error}")
-            continue
-        counts["updated" if rel in old_files else "added"] += 1
-        files[rel] = {**stat, "sha256": digest}
-        new_ids.append(rel)
-        new_embs.append(emb)
-    if not files:
-        raise InputError(f"none of the {len(found)} image files under {root} could be read")
 
+def take_result(plan: Plan, rel: str, stat: dict, emb, digest: str | None, error: str | None):
+    """Record one embedded (or unreadable) file in the plan."""
+    if error is not None:
+        plan.skipped[rel] = {**stat, "error": error}
+        plan.counts["skipped"] += 1
+        return
+    old_files = plan.old["files"] if plan.old else {}
+    plan.counts["updated" if rel in old_files else "added"] += 1
+    plan.files[rel] = {**stat, "sha256": digest}
+    plan.new[rel] = emb
+
+
+def finish_index(args: argparse.Namespace, plan: Plan, extra: dict | None = None) -> int:
+    """Assemble the index (kept rows + new ones, sorted by path), add the approximate index
+    when asked for, and write it all as one new generation."""
+    root, base, record = plan.root, plan.base, plan.record
+    if not plan.files:
+        raise InputError(f"none of the {len(plan.found)} image files under {root} could be read")
     import attn_clip
     import torch
 
     index = attn_clip.EmbeddingIndex(dim=record["embed_dim"])
-    by_rel = dict(zip(new_ids, new_embs, strict=True))
+    files, keep = plan.files, plan.keep
     order = sorted(files)
     rows_old = [keep[rel] for rel in order if rel in keep]
     emb = torch.empty(len(order), record["embed_dim"])
     if rows_old:
-        emb[[i for i, rel in enumerate(order) if rel in keep]] = old_index.embeddings[rows_old]
+        emb[[i for i, rel in enumerate(order) if rel in keep]] = plan.old_index.embeddings[rows_old]
     for i, rel in enumerate(order):
-        if rel in by_rel:
-            emb[i] = by_rel[rel]
+        if rel in plan.new:
+            emb[i] = plan.new[rel]
     index.add(emb, ids=order)
+    del emb
+    ann = build_ann(args, index, plan.old_index)
     manifest = {
         "format": MANIFEST_FORMAT,
         "version": MANIFEST_VERSION,
         "model": record,
         "root": str(root),
         "files": {rel: files[rel] for rel in order},
-        "skipped": dict(sorted(skipped.items())),
+        "skipped": dict(sorted(plan.skipped.items())),
     }
     generation = attn_clip.save_index_set(base, index, manifest, manifest_path(base))
+    for shard in base.parent.glob(f"{glob.escape(base.name)}.shard-*.safetensors"):
+        shard.unlink(missing_ok=True)  # finished (or abandoned) shards of torchrun runs
+    counts = plan.counts
     summary = {"index": str(base), "model": describe(record), "images": len(order), **counts}
+    summary.update(extra or {})
+    if ann is not None:
+        summary["ann"] = {k: ann[k] for k in ANN_SUMMARY_KEYS if k in ann}
     if args.json:
         print(json.dumps(summary))
     else:
         parts = ", ".join(f"{v} {k}" for k, v in counts.items() if v or k in ("added",))
-        print(f"indexed {len(order)} images under {root} with {describe(record)} ({parts})")
+        more = "".join(f", {v} {k}" for k, v in (extra or {}).items() if k != "ranks")
+        ranks = f" on {extra['ranks']} ranks" if extra and "ranks" in extra else ""
+        print(f"indexed {len(order)} images under {root} with {describe(record)}{ranks} "
+              f"({parts}{more})")  # fmt: skip
+        if ann is not None:
+            print(describe_ann(ann, index))
         print(f"wrote {manifest_path(base)} (embeddings: {base.name}.g{generation}.*)")
     return 0
+
+
+# -- the approximate index ---------------------------------------------------------------------
+
+ANN_SUMMARY_KEYS = ("factory", "bytes", "nprobe", "param", "recall_at_10", "check_queries",
+                    "build_s", "retrained")  # fmt: skip
+
+
+def parse_bytes(text: str) -> int:
+    """``"256MB"`` / ``"1.5GiB"`` / ``"300000000"`` -> bytes."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?i?b?)\s*", text.lower())
+    if not m:
+        raise InputError(f"--ann-memory: not a size: {text!r} (e.g. 256MB, 2GiB)")
+    unit = m[2].rstrip("b").rstrip("i")
+    scale = 1024 ** "_kmgt".index(unit) if unit else 1
+    return int(float(m[1]) * scale)
+
+
+def check_ann_args(args: argparse.Namespace, dim: int, count: int) -> None:
+    """--ann on needs faiss, a factory string must parse, the budget must fit an index."""
+    if args.ann == "off":
+        return
+    if importlib.util.find_spec("faiss") is None:
+        if args.ann == "on":
+            raise InputError("--ann on needs faiss: pip install 'attn-clip[faiss]'")
+        return
+    import attn_clip.retrieval as r
+
+    if args.ann_factory:
+        try:
+            r.check_ann_factory(dim, args.ann_factory)
+        except ValueError as e:
+            raise InputError(f"--ann-factory: {e}") from None
+    elif args.ann == "on" or count >= args.ann_threshold:
+        budget = args.ann_memory if args.ann_memory is not None else count * dim * 4 // 8
+        try:
+            r.choose_ann_factory(count, dim, budget)
+        except ValueError as e:
+            raise InputError(f"--ann-memory: {e}") from None
+
+
+def build_ann(args: argparse.Namespace, index, old_index) -> dict | None:
+    """The approximate index, when --ann asks for one (auto: from --ann-threshold images).
+    An --update whose old index has one of the same kind keeps its training."""
+    wanted = args.ann == "on" or (args.ann == "auto" and len(index) >= args.ann_threshold)
+    if not wanted:
+        return None
+    if importlib.util.find_spec("faiss") is None:
+        warn(f"{len(index)} images: an approximate index needs faiss (pip install "
+             "'attn-clip[faiss]'); search stays exact")  # fmt: skip
+        return None
+    import attn_clip.retrieval as r
+
+    n, dim = len(index), index.dim
+    budget = args.ann_memory if args.ann_memory is not None else n * dim * 4 // 8
+    try:
+        factory = args.ann_factory or r.choose_ann_factory(n, dim, budget)
+    except ValueError as e:
+        raise InputError(f"--ann-memory: {e}") from None
+    old_info = getattr(old_index, "ann_info", None) or {}
+    trained = old_index.ann if old_info.get("factory") == factory else None
+    try:
+        return index.build_ann(factory, memory_budget=budget, trained=trained)
+    except ValueError as e:
+        raise InputError(f"approximate index: {e}") from None
+
+
+def describe_ann(ann: dict, index) -> str:
+    exact, size = len(index) * index.dim * 4, max(ann["bytes"], 1)
+    part = f"1/{exact / size:.0f} of" if size <= exact else f"{size / exact:.1f}x"
+    return (
+        f"approximate index {ann['factory']}: {size / 2**20:.2f} MiB ({part} the float32 "
+        f"embeddings), built in "
+        f"{ann['build_s']:.1f} s; recall@10 {ann['recall_at_10']:.3f} against exact search "
+        f"({ann['check_queries']} indexed images as queries) at {ann['param']} {ann['nprobe']}"
+    )
+
+
+# -- index under torchrun: one shard of the work per rank --------------------------------------
+
+
+class RankError(InputError):
+    """Bad input that only this rank saw (each rank reports its own)."""
+
+
+def torchrun_rank() -> int | None:
+    """This process's rank when ``torchrun`` started it, else None."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return int(os.environ["RANK"])
+    return None
+
+
+SHARD_FORMAT = "attn-zoo.retrieval-shard"
+
+
+def shard_key(plan_record: dict, root: str, items: list[list]) -> str:
+    """What a shard's embeddings depend on: the model and each file's path, size, mtime."""
+    what = {
+        "model": [plan_record[k] for k in ("name", "pretrained", "precision", "probe")],
+        "root": root,
+        "files": items,
+    }
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
+
+
+def shard_path(base: Path, key: str) -> Path:
+    return base.with_name(f"{base.name}.shard-{key[:32]}.safetensors")
+
+
+def write_shard(path: Path, key: str, results: list[list], embs: list) -> None:
+    """One finished shard, atomically: the embeddings of its readable files and, per file,
+    ``[rel, size, mtime_ns, sha256 or None, error or None]`` in order."""
+    import torch
+    from attn_core import hub
+
+    emb = torch.stack(embs) if embs else torch.empty(0, 0)
+    meta = {"format": SHARD_FORMAT, "key": key, "results": json.dumps(results)}
+    hub.save_state_dict({"embeddings": emb.float().contiguous()}, path, metadata=meta)
+
+
+def read_shard(path: Path, key: str, rels: list[str]):
+    """``(results, embeddings)`` of a finished shard of this key and these files, or None
+    when there is none (or it is unreadable or does not fit: then it is done again)."""
+    if not path.is_file():
+        return None
+    import torch
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            emb = f.get_tensor("embeddings")
+        results = json.loads(meta["results"])
+        good = sum(r[4] is None for r in results)
+        ok = meta.get("format") == SHARD_FORMAT and meta.get("key") == key
+        ok = ok and [r[0] for r in results] == rels and all(len(r) == 5 for r in results)
+        ok = ok and emb.shape[0] == good and bool(torch.isfinite(emb).all())
+    except Exception:  # a shard we cannot use is embedded again
+        return None
+    return (results, emb) if ok else None
+
+
+def index_distributed(args: argparse.Namespace, root: Path, base: Path) -> int:
+    """``index`` under ``torchrun``: rank 0 plans (holding the lock), every rank embeds its
+    shards (fixed-size slices of the files to embed, dealt round-robin) and writes each as
+    ``INDEX.shard-<key>.safetensors`` once finished, rank 0 merges them into the same index
+    a single process writes. A killed run, started again, keeps the finished shards."""
+    import datetime
+
+    import attn_clip
+    import torch
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    if args.device in (None, "cuda") and torch.cuda.is_available():
+        args.device = f"cuda:{local}"  # one GPU per process
+    if not dist.is_initialized():  # gloo: only small objects and barriers go through it
+        dist.init_process_group("gloo", timeout=datetime.timedelta(days=7))
+
+    def share(obj):
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    try:
+        with contextlib.ExitStack() as stack:
+            plan, error = None, None
+            if rank == 0:
+                try:
+                    stack.enter_context(attn_clip.index_lock(base))
+                    plan = plan_index(args, root, base)
+                except attn_clip.IndexBusyError as e:
+                    error = f"{e}; try again when it has finished"
+                except InputError as e:
+                    error = str(e)
+            work = None
+            if plan is not None:
+                items = [[rel, s["size"], s["mtime_ns"]] for rel, s in plan.stats.items()]
+                work = {"record": plan.record, "items": items}
+            error, work = share((error, work))
+            if error is not None:
+                raise InputError(error)  # rank 0 says it; the others exit quietly
+            record, items = work["record"], work["items"]
+            if rank == 0:
+                loaded = plan.loaded
+            else:
+                try:
+                    loaded = load_recorded_model(args, record)
+                except InputError as e:
+                    raise RankError(f"rank {rank}: {e}") from None
+            size = -(-args.shard_size // args.batch_size) * args.batch_size  # whole batches
+            shards = [items[i : i + size] for i in range(0, len(items), size)]
+            keys = [shard_key(record, str(root), shard) for shard in shards]
+            mine = list(range(rank, len(shards), world))
+            rels = [[rel for rel, _, _ in shard] for shard in shards]
+            todo = [
+                i for i in mine if read_shard(shard_path(base, keys[i]), keys[i], rels[i]) is None
+            ]
+            resumed = sum(len(shards[i]) for i in mine if i not in todo)
+            paths = [root / rel for i in todo for rel, _, _ in shards[i]]
+            stream = embed_images(loaded, paths, args, desc=f"embedding (rank {rank})",
+                                  show=rank == 0)  # fmt: skip
+            for i in todo:
+                results, embs = [], []
+                for path, emb, digest, err in itertools.islice(stream, len(shards[i])):
+                    st = file_stat(path)
+                    rel = path.relative_to(root).as_posix()
+                    results.append([rel, st["size"], st["mtime_ns"], digest, err])
+                    if err is None:
+                        embs.append(emb)
+                    else:
+                        warn(f"skipped {err}")
+                write_shard(shard_path(base, keys[i]), keys[i], results, embs)
+            stream.close()
+            resumed = share_sum(torch, dist, resumed)
+            dist.barrier()  # every shard is on disk
+            code, error = 0, None
+            if rank == 0:
+                try:
+                    merge_shards(plan, base, keys, rels)
+                    code = finish_index(args, plan, {"ranks": world, "resumed": resumed})
+                except InputError as e:
+                    error = str(e)
+            error = share(error)  # the others leave once the index is written (or not)
+            if error is not None:
+                raise InputError(error)
+            return code
+    finally:
+        dist.destroy_process_group()
+
+
+def merge_shards(plan: Plan, base: Path, keys: list[str], rels: list[list[str]]) -> None:
+    """Take every shard's results into the plan (rank 0, after all shards are written)."""
+    for i, key in enumerate(keys):
+        found = read_shard(shard_path(base, key), key, rels[i])
+        if found is None:
+            raise InputError(
+                f"shard {i} ({shard_path(base, key).name}) is missing or unreadable: is --out "
+                "on a file system that every node shares?"
+            )
+        results, emb = found
+        rows = iter(emb)
+        for rel, size, mtime_ns, digest, err in results:
+            stat = {"size": size, "mtime_ns": mtime_ns}
+            take_result(plan, rel, stat, None if err else next(rows), digest, err)
+
+
+def share_sum(torch, dist, value: int) -> int:
+    t = torch.tensor([value], dtype=torch.long)
+    dist.all_reduce(t)
+    return int(t.item())
 
 
 def file_stat(path: Path) -> dict[str, int]:
@@ -392,7 +744,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         x = torch.stack([loaded.preprocess(im) for _, _, im in queries if im is not None])
         with torch.no_grad():
             q.append(loaded.model.encode_image(x.to(loaded.device), normalize=True).float().cpu())
-    hits = index.search(torch.cat(q), k=args.top_k)
+    hits = index.search(torch.cat(q), k=args.top_k, exact=args.exact, nprobe=args.nprobe)
     # SigLIP: a text query's sigmoid probability of matching each hit, next to the cosine
     probs = attn_clip.match_probability(loaded.model, hits.scores)
     root = manifest["root"]
@@ -585,6 +937,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ix.add_argument("dir", help="folder of images (searched recursively)")
     ix.add_argument("--out", required=True, metavar="INDEX", help="index path (no extension)")
     ix.add_argument("--update", action="store_true", help="embed only new or changed files")
+    an = ix.add_argument_group("approximate search (faiss)")
+    an.add_argument(
+        "--ann", choices=("auto", "on", "off"), default="auto",
+        help="build an approximate index: auto = from --ann-threshold images",
+    )  # fmt: skip
+    an.add_argument(
+        "--ann-threshold", type=int, default=ANN_THRESHOLD, metavar="N",
+        help="--ann auto builds one for indexes of at least N images",
+    )  # fmt: skip
+    an.add_argument(
+        "--ann-memory", metavar="SIZE",
+        help="its memory budget, e.g. 256MB (default: 1/8 of the float32 embeddings)",
+    )  # fmt: skip
+    an.add_argument(
+        "--ann-factory", metavar="SPEC",
+        help="a faiss index_factory string instead of the choice by size and budget",
+    )  # fmt: skip
+    ix.add_argument(
+        "--shard-size", type=int, default=1024, metavar="N",
+        help="under torchrun: images per shard file (rounded up to whole batches)",
+    )  # fmt: skip
     se = sub.add_parser("search", parents=[model], help="find images for a text or an image", **fmt)
     se.add_argument("index", metavar="INDEX", help="the index (its --out path)")
     se.add_argument("--text", action="append", default=[], help="a text query, repeatable")
@@ -593,6 +966,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     se.add_argument("--top-k", type=int, default=10, help="hits per query")
     se.add_argument("--grid", metavar="OUT.png", help="save a contact sheet of the hits")
+    se.add_argument(
+        "--nprobe", type=int, metavar="N",
+        help="approximate index: IVF lists to scan (HNSW: efSearch); default: tuned at build",
+    )  # fmt: skip
+    se.add_argument(
+        "--exact", action="store_true", help="exact search even with an approximate index"
+    )
     ev = sub.add_parser("eval", parents=[model], help="recall@1/5/10 on a captions CSV", **fmt)
     ev.add_argument("--csv", required=True, help="columns filepath,title (or image,caption)")
     ev.add_argument("--root", help="folder the CSV's image paths are relative to")
@@ -611,9 +991,23 @@ def main(argv: list[str] | None = None) -> int:
         return fail("--batch-size must be >= 1 and --workers >= 0")
     commands = {"index": cmd_index, "search": cmd_search, "eval": cmd_eval}
     try:
+        check_args(args)
         return commands[args.command](args)
-    except InputError as e:
-        return fail(str(e))
+    except InputError as e:  # under torchrun rank 0 says it (a rank's own trouble: that rank)
+        quiet = torchrun_rank() not in (None, 0) and not isinstance(e, RankError)
+        return 2 if quiet else fail(str(e))
+
+
+def check_args(args: argparse.Namespace) -> None:
+    if args.command == "index":
+        if args.ann_threshold < 1 or args.shard_size < 1:
+            raise InputError("--ann-threshold and --shard-size must be >= 1")
+        if args.ann_memory is not None:
+            args.ann_memory = parse_bytes(args.ann_memory)
+            if args.ann_memory < 1:
+                raise InputError("--ann-memory must be positive")
+    if args.command == "search" and args.nprobe is not None and args.nprobe < 1:
+        raise InputError(f"--nprobe must be >= 1, got {args.nprobe}")
 
 
 if __name__ == "__main__":

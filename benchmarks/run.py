@@ -12,9 +12,13 @@ against open_clip, batch 8, fp32 and bf16), ``vit`` (timm ``vit_base_patch16_224
 8), ``attention``
 (math / sdpa / sliding-window / linear kernels at L = 1k..16k, plus compiled FlexAttention
 and a dense-masked SDPA as sliding-window references), ``dispatch`` (``attention()`` vs a
-raw ``F.scaled_dot_product_attention`` call), ``compile`` (``CLIP.compile_encoders``) and
+raw ``F.scaled_dot_product_attention`` call), ``compile`` (``CLIP.compile_encoders``),
 ``startup`` (the README's first command, offline zero-shot with the bundled model, against
-``python -c "import torch"``, each a fresh interpreter).
+``python -c "import torch"``, each a fresh interpreter), ``ann`` (approximate search over
+1M clustered 512-d vectors against exact search) and ``embed`` (indexing 1,000 JPEGs end to
+end against the model alone; both in retrieval_scale.py); ``engines`` (the image tower
+against ONNX Runtime and OpenVINO on the graph scripts/export.py writes, fp32 / bf16 / int8;
+run it with ``OMP_WAIT_POLICY=PASSIVE``, see engines.py).
 
 Method. Every section builds ours and the references in this one process with identical
 random weights (transformers' random ``CLIPModel`` -> ours through our converter -> open_clip
@@ -50,7 +54,9 @@ from clip_image import bench_image
 from clip_models import build_clip_models
 from clip_text import bench_text
 from dispatch import bench_dispatch
+from engines import bench_engines
 from harness import Report
+from retrieval_scale import bench_ann, bench_embed
 from startup import bench_startup
 from torch_compile import bench_compile
 from vit import bench_vit
@@ -58,6 +64,7 @@ from zero_shot import bench_zero_shot
 
 SECTIONS = (
     "image", "text", "zeroshot", "families", "vit", "attention", "dispatch", "compile", "startup",
+    "ann", "embed", "engines",
 )  # fmt: skip
 CLIP_SECTIONS = {"image": bench_image, "text": bench_text, "zeroshot": bench_zero_shot}
 OTHER_SECTIONS = {
@@ -66,6 +73,9 @@ OTHER_SECTIONS = {
     "attention": bench_attention,
     "dispatch": bench_dispatch,
     "startup": bench_startup,
+    "ann": bench_ann,
+    "embed": bench_embed,
+    "engines": bench_engines,
 }
 
 
@@ -92,6 +102,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lengths", default=None, help="attention lengths, e.g. 1024,4096")
     p.add_argument("--window", type=int, default=None, help="sliding window")
     p.add_argument("--no-memory", dest="memory", action="store_false", help="skip peak memory")
+    p.add_argument("--ann-size", type=int, default=None, help="ann: vectors (1M; --quick 10k)")
+    p.add_argument("--embed-images", type=int, default=None, help="embed: JPEGs (1000; quick 16)")
     p.add_argument(
         "--flex", action=argparse.BooleanOptionalAction, default=None,
         help="time compiled FlexAttention (compiles ~10 s; default: on, off with --quick)",
@@ -102,7 +114,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if q and not args.only:
         # compiling takes ~20 s; start-up runs fresh interpreters; the families section
         # builds full-size open_clip models (--only families --quick runs it at 64 px)
-        args.sections = [s for s in SECTIONS if s not in ("compile", "startup", "families")]
+        # engines exports ONNX and calibrates int8 (~20 s even tiny: --only engines --quick)
+        quick_skip = ("compile", "startup", "families", "engines")
+        args.sections = [s for s in SECTIONS if s not in quick_skip]
     skip = set(filter(None, args.skip.split(",")))
     unknown = (set(args.sections) | skip) - set(SECTIONS)
     if unknown:

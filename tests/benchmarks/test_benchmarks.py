@@ -21,7 +21,7 @@ def test_quick_run_writes_tables_and_json(benchmarks_run, tmp_path, capsys):
     assert "### Goals" in printed and "| ref / ours |" in printed
     result = json.loads(out.read_text())
     sections = {row["section"] for row in result["rows"]}
-    assert len(sections) == 6  # image, text, zero-shot, timm ViT, attention kernels, dispatch
+    assert len(sections) == 8  # image, text, zero-shot, ViT, attention, dispatch, ann, embed
     impls = {row["impl"] for row in result["rows"]}
     assert {"ours", "open_clip", "timm", "transformers", "ours bf16", "open_clip bf16"} <= impls
     for row in result["rows"]:
@@ -31,6 +31,8 @@ def test_quick_run_writes_tables_and_json(benchmarks_run, tmp_path, capsys):
     goals = {g["name"] for g in result["goals"]}
     assert any(g.startswith("image tower fp32") for g in goals)
     assert "text tower, 80 prompts" in goals and "zero-shot head 1,000 x 80, ours" in goals
+    assert "approximate search 10,000 x 128, batch 64" in goals  # ann: recall, queries/s
+    assert any(g.startswith("index 16 JPEGs") for g in goals)  # embed: against the model
     # identical weights: ours agrees with every reference (tiny fp32 models)
     for row in result["rows"]:
         if row["check"].startswith("max diff"):
@@ -51,3 +53,23 @@ def test_startup_section_reports_the_goal(benchmarks_run, tmp_path):
     assert {row["impl"] for row in result["rows"]} == {"import torch", "README first command"}
     (goal,) = result["goals"]
     assert goal["name"] == "start-up: the README's first command" and "s vs" in goal["measured"]
+
+
+def test_engines_section_runs_every_runtime_on_the_same_weights(benchmarks_run, tmp_path):
+    """--only engines --quick: ours, ONNX Runtime and OpenVINO (fp32, bf16, static int8) on
+    the tiny CLIP's image tower; fp32 outputs agree with ours."""
+    for module in ("onnxruntime", "openvino", "nncf"):
+        pytest.importorskip(module)
+    out = tmp_path / "bench.json"
+    argv = ["--only", "engines", "--quick", "--repeats", "1", "--batches", "1"]
+    assert benchmarks_run.main([*argv, "--threads", "1", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    impls = {row["impl"] for row in result["rows"]}
+    assert {"ours", "ONNX Runtime", "OpenVINO", "ours bf16", "ours dynamic int8"} <= impls
+    assert "OpenVINO static int8" in impls
+    for row in result["rows"]:
+        if row["check"].startswith("max diff"):
+            assert float(row["check"].split()[2]) <= 1e-4, row
+        elif row["check"].startswith("cos to fp32"):
+            assert float(row["check"].split()[3]) >= 0.99, row
+    assert any(g["name"] == "image tower fp32 batch 1 vs OpenVINO" for g in result["goals"])

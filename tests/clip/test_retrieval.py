@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch
@@ -148,3 +149,136 @@ def test_evaluate_retrieval_embeds_pairs_and_scores_recall(h, tiny_images, tiny_
         img, txt = model.encode_image(images), model.encode_text(tokens)
     assert evaluate_retrieval(model, batches, ks=(1, 2)) == retrieval_metrics(img, txt, ks=(1, 2))
     assert evaluate_retrieval(model, []) == {}
+
+
+# -- large collections: memory-mapped embeddings, the approximate (faiss) index ---------------
+
+
+def _clustered(n: int, d: int, centres: int, spread: float = 0.6, seed: int = 0) -> torch.Tensor:
+    """``n`` normalized vectors around ``centres`` fixed centres (``seed``: which points)."""
+    c = F.normalize(torch.randn(centres, d, generator=torch.Generator().manual_seed(99)), dim=-1)
+    g = torch.Generator().manual_seed(seed)
+    x = c[torch.randint(0, centres, (n,), generator=g)]
+    return F.normalize(x + spread / d**0.5 * torch.randn(n, d, generator=g), dim=-1)
+
+
+def _mapped_file(address: int) -> str | None:
+    """The file mapped at ``address`` in this process (Linux's /proc/self/maps)."""
+    for line in open("/proc/self/maps").read().splitlines():
+        span, *rest = line.split(maxsplit=5)
+        lo, hi = (int(v, 16) for v in span.split("-"))
+        if lo <= address < hi:
+            return rest[-1] if len(rest) == 5 else None
+    return None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_load_memory_maps_float32_embeddings(tmp_path):
+    index, _ = _index()
+    index.save(tmp_path / "idx")
+    loaded = EmbeddingIndex.load(tmp_path / "idx")
+    mapped = _mapped_file(loaded.embeddings.data_ptr())  # not read into the process
+    assert mapped == str(tmp_path / "idx.safetensors"), mapped
+    before = (tmp_path / "idx.safetensors").read_bytes()
+    loaded.embeddings[0] = 0  # copy-on-write: this process only, never the file
+    assert (tmp_path / "idx.safetensors").read_bytes() == before
+    assert torch.equal(EmbeddingIndex.load(tmp_path / "idx").embeddings, index.embeddings)
+
+
+def test_other_dtypes_still_load(tmp_path):
+    import hashlib
+
+    from safetensors.torch import save_file
+
+    index, _ = _index(n=400)
+    tensor_path, meta_path = index.save(tmp_path / "idx")
+    save_file({"embeddings": index.embeddings.half()}, str(tensor_path))
+    meta = json.loads(meta_path.read_text())
+    meta["sha256"] = hashlib.sha256(tensor_path.read_bytes()).hexdigest()
+    meta_path.write_text(json.dumps(meta))
+    loaded = EmbeddingIndex.load(tmp_path / "idx")
+    assert loaded.embeddings.dtype == torch.float32
+    torch.testing.assert_close(loaded.embeddings, index.embeddings, atol=1e-3, rtol=0)
+
+
+def test_choose_ann_factory_by_size_and_budget():
+    from attn_clip.retrieval import choose_ann_factory, ivf_lists
+
+    n, d = 1_000_000, 512
+    assert ivf_lists(n) == 4096 and ivf_lists(10_000) == 256 and ivf_lists(100) == 2
+    assert choose_ann_factory(n, d, n * d * 4 // 8) == "IVF4096,PQ64x4fs"  # 1/8 of float32
+    assert choose_ann_factory(n, d, 40 << 20) == "IVF4096,PQ32x4fs"  # a smaller code
+    assert choose_ann_factory(n, d, 4 << 30) == "HNSW32"  # the vectors fit: a graph
+    assert choose_ann_factory(500, d, 1) == "HNSW32"  # too few to train quantizers
+    with pytest.raises(ValueError, match="no approximate index .* fits"):
+        choose_ann_factory(n, d, 1 << 20)
+
+
+def test_ann_index_recall_rerank_and_round_trip(tmp_path):
+    pytest.importorskip("faiss")
+    emb = _clustered(6000, 32, 60)
+    index = EmbeddingIndex(32)
+    index.add(emb, ids=[f"img_{i}.png" for i in range(len(emb))])
+    budget = 6000 * 32 * 4 // 4  # (1/8, the default, leaves 16 bytes a row: 8 for the id)
+    info = index.build_ann(memory_budget=budget, seed=0)
+    assert info["factory"] == "IVF128,PQ4x4fs" and info["kind"] == "ivf"
+    assert info["recall_at_10"] >= 0.9 and info["check_queries"] == 500
+    assert info["bytes"] <= budget
+    queries = _clustered(50, 32, 60, seed=1)
+    approx, exact = index.search(queries, k=10), index.search(queries, k=10, exact=True)
+    # the scores are exact cosines of the rows returned (re-ranked), best first
+    want = (F.normalize(queries, dim=-1)[:, None] * index.embeddings[approx.indices]).sum(-1)
+    torch.testing.assert_close(approx.scores, want, atol=1e-5, rtol=0)
+    assert (approx.scores[:, :-1] >= approx.scores[:, 1:]).all()
+
+    def recall(res):
+        found = [len(set(a) & set(e)) for a, e in zip(res.ids, exact.ids, strict=True)]
+        return sum(found) / (10 * len(found))
+
+    assert recall(approx) >= 0.9
+    one_list = index.search(queries, k=10, nprobe=1)  # the knob works (fewer candidates)
+    assert one_list.indices.shape == (50, 10) and recall(one_list) <= recall(approx)
+    assert torch.equal(exact.indices, index.search(queries, k=10, use_faiss=False).indices)
+
+    tensor_path, meta_path = index.save(tmp_path / "idx")
+    ann_path = tmp_path / "idx.faiss"
+    assert json.loads(meta_path.read_text())["ann"]["file"] == "idx.faiss"
+    loaded = EmbeddingIndex.load(tmp_path / "idx")
+    assert loaded.ann is not None and loaded.ann_info["nprobe"] == info["nprobe"]
+    assert torch.equal(loaded.search(queries, k=10).indices, approx.indices)
+
+    data = ann_path.read_bytes()
+    flipped = bytearray(data)
+    flipped[len(data) // 2] ^= 0xFF
+    ann_path.write_bytes(bytes(flipped))
+    with pytest.raises(ValueError, match="approximate index .*SHA-256"):
+        EmbeddingIndex.load(tmp_path / "idx")
+    ann_path.unlink()
+    with pytest.raises(FileNotFoundError, match="approximate index file missing"):
+        EmbeddingIndex.load(tmp_path / "idx")
+
+
+def test_ann_kept_training_hnsw_and_errors():
+    pytest.importorskip("faiss")
+    emb = _clustered(3000, 16, 30)
+    index = EmbeddingIndex(16)
+    index.add(emb)
+    first = index.build_ann("IVF32,PQ4x4fs")
+    grown = EmbeddingIndex(16)
+    grown.add(torch.cat([emb, _clustered(200, 16, 30, seed=2)]))
+    again = grown.build_ann("IVF32,PQ4x4fs", trained=index.ann)  # --update: no new training
+    assert first["retrained"] and not again["retrained"] and again["train_rows"] == 0
+    assert grown.ann.ntotal == 3200 and again["recall_at_10"] >= 0.9
+    grown.add(emb[:1])  # new rows: the approximate index no longer covers them
+    assert grown.ann is None and grown.ann_info is None
+
+    small = EmbeddingIndex(16)
+    small.add(emb[:300])
+    info = small.build_ann()  # HNSW below 1,000 rows; efSearch is its search knob
+    assert info["factory"] == "HNSW32" and info["param"] == "efSearch"
+    res = small.search(emb[:3], k=300)  # k beyond the candidates: exact for those queries
+    assert torch.equal(res.indices, small.search(emb[:3], k=300, exact=True).indices)
+    with pytest.raises(ValueError, match="bad faiss index factory"):
+        small.build_ann("IVF7,Nonsense")
+    with pytest.raises(ValueError, match="nprobe"):
+        small.search(emb[:1], nprobe=0)
