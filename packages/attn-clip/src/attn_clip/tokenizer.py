@@ -127,6 +127,15 @@ _CLEANERS: dict[str, Callable[[str], str]] = {
 }
 
 
+def _as_texts(texts: str | Sequence[str]) -> list[str]:
+    """One string or a list of them -> a list; ``TypeError`` naming any other type."""
+    texts = [texts] if isinstance(texts, str) else list(texts)
+    bad = [type(t).__name__ for t in texts if not isinstance(t, str)]
+    if bad:
+        raise TypeError(f"texts must be strings, got {', '.join(sorted(set(bad)))}")
+    return texts
+
+
 class Tokenizer:
     """OpenAI CLIP's BPE tokenizer returning ``(N, context_length)`` int64 ids.
 
@@ -219,11 +228,7 @@ class Tokenizer:
         self, texts: str | Sequence[str], context_length: int | None = None
     ) -> torch.LongTensor:
         """One string or a list -> ``(N, context_length)`` ids (truncated, zero-padded)."""
-        if isinstance(texts, str):
-            texts = [texts]
-        bad = [type(t).__name__ for t in texts if not isinstance(t, str)]
-        if bad:
-            raise TypeError(f"texts must be strings, got {', '.join(sorted(set(bad)))}")
+        texts = _as_texts(texts)
         n = context_length or self.context_length
         out = torch.zeros(len(texts), n, dtype=torch.long)
         for i, text in enumerate(texts):
@@ -340,11 +345,7 @@ class HFTokenizer:
         self, texts: str | Sequence[str], context_length: int | None = None
     ) -> torch.LongTensor:
         """One string or a list -> ``(N, context_length)`` ids (truncated, padded)."""
-        if isinstance(texts, str):
-            texts = [texts]
-        bad = [type(t).__name__ for t in texts if not isinstance(t, str)]
-        if bad:
-            raise TypeError(f"texts must be strings, got {', '.join(sorted(set(bad)))}")
+        texts = _as_texts(texts)
         n = context_length or self.context_length
         ids = self.tokenizer(
             [self._clean(t) for t in texts],
