@@ -1,12 +1,12 @@
 """Section ``engines``: our CLIP ViT-B/32 image tower against ONNX Runtime and OpenVINO, both
-fed the ONNX graph ``scripts/export.py`` writes from the same random weights, interleaved in
-this one process, every runtime on the same number of threads.
+fed the ONNX graph ``attn_clip.export.export_onnx`` writes from the same random weights,
+interleaved in this one process, every runtime on the same number of threads.
 
 Cases per image batch (1 / 8 / 32): ``fp32`` (ours, ONNX Runtime, OpenVINO with
 ``INFERENCE_PRECISION_HINT f32``), ``bf16`` (ours with bf16 weights, OpenVINO with the bf16
 precision hint, on CPUs that have bf16 instructions; ONNX Runtime's CPU provider has no bf16
 kernels for these ops) and ``int8`` (ours with ``torch.ao`` dynamic int8 Linear layers,
-OpenVINO static int8 from ``scripts/export.py``'s NNCF recipe, calibrated on generated
+OpenVINO static int8 from ``attn_clip.export.quantize_static`` (NNCF), calibrated on generated
 captioned-shapes images). fp32 rows check their max abs difference to ours; bf16 and int8
 rows their cosine to ours in fp32. Goals (issue 19): ours >= 1.0x OpenVINO in fp32 and bf16.
 
@@ -19,28 +19,12 @@ case names say when it was not). ``--quick``: the tiny CLIP, batch 1 and 8."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
 from harness import Report, cosine, max_diff, random_fill_, time_interleaved
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _export_script():
-    """``scripts/export.py`` as a module (its ONNX export, OpenVINO and NNCF helpers)."""
-    name = "attn_zoo_export_script"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / "export.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
 
 def cpu_bf16() -> str:
@@ -70,9 +54,9 @@ def bench_engines(args: argparse.Namespace, report: Report) -> None:
     """Per batch: fp32, bf16 and int8 rows; goals >= 1.0x OpenVINO in fp32 and bf16."""
     import openvino as ov
     from attn_clip import CLIPConfig, create_model, get_model_config
+    from attn_clip import export as ex
     from clip_models import TINY_OC_CFG
 
-    ex = _export_script()
     threads = torch.get_num_threads()
     policy = os.environ.get("OMP_WAIT_POLICY", "unset")
     note = "" if policy.upper() == "PASSIVE" else f"OMP_WAIT_POLICY {policy}: see engines.py"
@@ -87,18 +71,20 @@ def bench_engines(args: argparse.Namespace, report: Report) -> None:
         ours = random_fill_(create_model(config))
         ours16 = create_model(config, precision="bf16").eval()
         ours16.load_state_dict(ours.state_dict())
-        ours8 = ex.quantize_int8(ours)
+        ours8 = ex.quantize_dynamic_int8(ours)
         size = ours.config.vision.image_size
         folder = Path(tmp)
         ex.export_onnx(ours, folder, towers=("image",), verbose=False)
         ort = ex.onnxruntime_runners(folder, threads, towers=("image",), spin=False)["image"]
         ov_model = ov.convert_model(str(folder / "image.onnx"))
-        ov32 = ex.OVTower(ex.ov_compile(ov_model, threads, "f32"))
+        ov32 = ex.OpenVINOTower(ex.compile_openvino(ov_model, threads, "f32"))
         has_bf16 = "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
-        ov16 = ex.OVTower(ex.ov_compile(ov_model, threads, "bf16")) if has_bf16 else None
+        ov16 = (
+            ex.OpenVINOTower(ex.compile_openvino(ov_model, threads, "bf16")) if has_bf16 else None
+        )
         calib = calibration_images(ours, 8 if args.quick else 64)
         ov8_model = ex.quantize_static({"image": ov_model}, {"image": calib})["image"]
-        ov8 = ex.OVTower(ex.ov_compile(ov8_model, threads, "f32"))
+        ov8 = ex.OpenVINOTower(ex.compile_openvino(ov8_model, threads, "f32"))
     bf16_label = f"bf16 ({cpu_bf16()})"
 
     with torch.inference_mode():

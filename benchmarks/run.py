@@ -17,7 +17,7 @@ raw ``F.scaled_dot_product_attention`` call), ``compile`` (``CLIP.compile_encode
 ``python -c "import torch"``, each a fresh interpreter), ``ann`` (approximate search over
 1M clustered 512-d vectors against exact search) and ``embed`` (indexing 1,000 JPEGs end to
 end against the model alone; both in retrieval_scale.py); ``engines`` (the image tower
-against ONNX Runtime and OpenVINO on the graph scripts/export.py writes, fp32 / bf16 / int8;
+against ONNX Runtime and OpenVINO on the graph attn_clip.export writes, fp32 / bf16 / int8;
 run it with ``OMP_WAIT_POLICY=PASSIVE``, see engines.py).
 
 Method. Every section builds ours and the references in this one process with identical

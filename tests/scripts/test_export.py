@@ -1,5 +1,6 @@
-"""scripts/export.py: ONNX and OpenVINO round trips (dynamic batch and text length), dynamic
-and static int8 quantization on a tiny CLIP saved as a local folder, and its bad inputs."""
+"""scripts/export.py (a recipe over attn_clip.export): ONNX and OpenVINO round trips (dynamic
+batch and text length), dynamic and static int8 quantization on a tiny CLIP saved as a local
+folder, and its bad inputs."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from attn_clip import CLIPConfig, create_model, save_pretrained
+from attn_clip import export as clip_export
 
 TINY = {
     "embed_dim": 32,
@@ -101,9 +103,9 @@ def test_onnx_graph_runs_at_a_new_batch_and_length(exported, tiny_folder):
     assert abs(got_images[0] - ref_images.numpy()).max() <= 1e-4
 
 
-def test_int8_keeps_the_embeddings(export_script, tiny_folder):
+def test_int8_keeps_the_embeddings(tiny_folder):
     model = create_model(str(tiny_folder))
-    qmodel = export_script.quantize_int8(model)
+    qmodel = clip_export.quantize_dynamic_int8(model)
     assert "DynamicQuantizedLinear" in repr(qmodel.text.blocks[0].mlp.fc1)
     images = torch.randn(4, 3, 32, 32)
     with torch.no_grad():
@@ -172,9 +174,9 @@ def test_calibration_from_an_image_folder(export_script, tiny_folder, shapes_dat
     """A folder of class folders: its images, and "a photo of a {class}" as captions."""
     model = create_model(str(tiny_folder))
     data = export_script.read_image_text(shapes_data / "heldout", model)
-    calib, rest = export_script.calibration_split(len(data), 10, eval_size=5)
+    calib, rest = clip_export.calibration_split(len(data), 10, eval_size=5)
     assert len(calib) == 10 and len(rest) == 5 and not set(calib) & set(rest)
-    rows = export_script.load_rows(data, calib, model)
+    rows = clip_export.load_rows(data, calib, model)
     assert len(rows["image"]) == 10 and rows["image"][0].shape == (1, 3, 32, 32)
     assert all(t.shape[0] == 1 and t[0, -1] == t.max() for t in rows["text"])  # cut at EOT
     _, caption = data[0]
@@ -236,7 +238,7 @@ def test_interrupted_export_leaves_nothing(
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(export_script, "export_onnx", interrupted)
+    monkeypatch.setattr(clip_export, "export_clip", interrupted)
     out = tmp_path / "out"
     argv = ["--model", str(tiny_folder), "--format", "openvino", "--out", str(out)]
     assert _cli(export_script, argv, capsys) == (130, ["interrupted"])

@@ -1,0 +1,98 @@
+"""attn_clip.export as a library: importing it pulls in none of its optional packages, a
+missing one is one ImportError naming the ``export`` extra (before anything is written), the
+extra lists every package the functions need, and ``export_clip`` refuses bad arguments and
+leaves only the files it reports (the full ONNX / OpenVINO / int8 round trips are in
+tests/scripts/test_export.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from attn_clip import CLIPConfig, create_model
+from attn_clip import export as clip_export
+
+ROOT = Path(__file__).resolve().parents[2]
+OPTIONAL = ("onnx", "onnxscript", "onnxruntime", "openvino", "nncf", "tensorrt")
+TINY = {
+    "embed_dim": 16,
+    "vision_cfg": {"image_size": 32, "patch_size": 16, "width": 32, "layers": 1, "head_width": 16},
+    "text_cfg": {"context_length": 16, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1},
+}
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    return create_model(CLIPConfig.from_open_clip(TINY)).eval()
+
+
+def test_import_pulls_in_no_optional_package():
+    code = (
+        "import sys\nfrom attn_clip import export\nimport attn_clip.export\n"
+        f"print(sorted(m for m in {OPTIONAL!r} if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_missing_package_names_the_extra(tiny, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "onnxscript", None)  # "not installed"
+    monkeypatch.setitem(sys.modules, "nncf", None)
+    monkeypatch.setitem(sys.modules, "tensorrt", None)
+    with pytest.raises(ImportError, match=r"onnxscript is not installed: .*attn-clip\[export\]"):
+        clip_export.export_onnx(tiny, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ImportError, match=r"nncf is not installed: .*attn-clip\[export\]"):
+        clip_export.quantize_static({}, {})
+    with pytest.raises(ImportError, match=r"attn-clip\[export\]"):
+        clip_export.export_clip(tiny, tmp_path / "out", ["onnx"])
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ImportError, match=r"tensorrt is not installed: pip install tensorrt"):
+        clip_export.require("tensorrt")  # not in the extra: GPUs only
+
+
+def test_the_extra_lists_every_package_the_functions_need():
+    tomllib = pytest.importorskip("tomllib")
+    pyproject = tomllib.loads((ROOT / "packages/attn-clip/pyproject.toml").read_text())
+    extra = pyproject["project"]["optional-dependencies"]["export"]
+    names = {req.split(">")[0].split("=")[0].split("[")[0].strip() for req in extra}
+    needed = clip_export.requirements(clip_export.FORMATS[:2], clip_export.QUANTIZE)
+    assert set(needed) == names == {"onnx", "onnxscript", "onnxruntime", "openvino", "nncf"}
+    assert clip_export.requirements([], ["int8"]) == []  # torch.ao only
+
+
+def test_export_clip_refuses_bad_arguments(tiny, tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match="unknown format"):
+        clip_export.export_clip(tiny, out, ["tflite"])
+    with pytest.raises(ValueError, match="needs calibration"):
+        clip_export.export_clip(tiny, out, [], ["int8-static"])
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="needs an NVIDIA GPU"):
+            clip_export.export_clip(tiny, out, ["tensorrt"])
+        with pytest.raises(RuntimeError, match="needs an NVIDIA GPU"):
+            clip_export.export_tensorrt(tiny, out, out)
+    assert not out.exists()
+
+
+def test_dynamic_int8_alone_writes_only_its_file(tiny, tmp_path):
+    report, written, failed = clip_export.export_clip(
+        tiny, tmp_path, [], ["int8"], batch=2, repeats=1, verbose=False
+    )
+    assert written == ["clip_int8.pt"] and not failed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["clip_int8.pt"]  # no temp folder
+    assert report["int8"]["size_mb"]["int8"] < report["int8"]["size_mb"]["fp32"]
+    assert "onnx_max_abs_diff" not in report and "speed_ms" not in report
+
+
+def test_calibration_set_holds_rows_out(tiny):
+    data = [(torch.randn(3, 32, 32), "a red circle") for _ in range(12)] + [None]
+    calib = clip_export.calibration_set(data, 8, tiny, source="list", eval_size=3)
+    assert len(calib.rows["image"]) == 8 and len(calib.check_rows["image"]) == 3
+    assert calib.held_out and calib.source == "list"
+    assert calib.rows["text"][0].shape[1] < 16  # cut after the EOT token
