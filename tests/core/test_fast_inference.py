@@ -11,6 +11,7 @@ import torch
 from attn_core import RotaryEmbedding, TransformerBlock, fast_inference
 from attn_core.fast_inference import (
     block_supported,
+    conv_bn_act,
     fast_path_available,
     patchify,
     release_packed_weights,
@@ -210,6 +211,70 @@ def test_patch_embed_equals_the_convolution(bias):
         assert conv.weight in fast_inference._packed
         overlapping = nn.Conv2d(3, D, 8, stride=4)  # not a patch embedding: the conv itself
         assert_close(patchify(overlapping, x), overlapping(x).permute(0, 2, 3, 1))
+
+
+def _conv_bn(cin=8, cout=16, k=3, stride=1, groups=1, bias=False):
+    torch.manual_seed(0)
+    conv = nn.Conv2d(cin, cout, k, stride=stride, padding=k // 2, groups=groups, bias=bias)
+    bn = nn.BatchNorm2d(cout).eval()
+    with torch.no_grad():  # statistics and affine far from the identity
+        bn.running_mean.normal_(0, 0.5), bn.running_var.uniform_(0.2, 3.0)
+        bn.weight.uniform_(0.5, 1.5), bn.bias.normal_(0, 0.2)
+    return conv, bn
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(k=3, act=nn.ReLU()),
+        dict(k=1, stride=2, act=None),
+        dict(k=3, bias=True, act=nn.GELU()),
+        dict(k=7, cin=16, groups=16, act=None, bn=False),  # a depthwise conv with bias, no BN
+        dict(k=1, act=nn.ReLU(inplace=True), residual=True),
+    ],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_conv_bn_act_equals_the_modules(case, dtype):
+    case = dict(case)
+    act, residual, use_bn = case.pop("act"), case.pop("residual", False), case.pop("bn", True)
+    conv, bn = _conv_bn(**case)
+    conv, bn = conv.to(dtype), bn.to(dtype)
+    bn = bn if use_bn else None
+    x = torch.randn(2, conv.in_channels, 15, 13, dtype=dtype)
+    with torch.no_grad():
+        y = conv(x) if bn is None else bn(conv(x))
+        r = torch.randn_like(y) if residual else None
+        ref = y + r if residual else y
+        ref = ref if act is None else act(ref.clone())
+        release_packed_weights()
+        out = conv_bn_act(conv, bn, x, act, residual=r)
+        fast = fast_path_available(x)
+    assert fast == (conv.weight in fast_inference._folded)
+    tol = TOL if dtype == torch.float32 else {"atol": 0.05, "rtol": 0.02}
+    assert_close(out.float(), ref.float(), **tol)
+    if fast:
+        assert out.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_conv_bn_act_refolds_when_weights_or_statistics_change():
+    conv, bn = _conv_bn()
+    x = torch.randn(1, 8, 9, 9)
+    with torch.no_grad():
+        before = conv_bn_act(conv, bn, x)
+        bn.running_var.mul_(4.0)  # as a train-mode forward or load_state_dict would
+        assert_close(conv_bn_act(conv, bn, x), bn(conv(x)), **TOL)
+        conv.weight.add_(1.0)
+        assert_close(conv_bn_act(conv, bn, x), bn(conv(x)), **TOL)
+        assert not torch.allclose(before, conv_bn_act(conv, bn, x))
+    bn.train()  # training: batch statistics, through the modules (and autograd)
+    x.requires_grad_(True)
+    out = conv_bn_act(conv, bn, x, nn.ReLU())
+    assert_close(out, torch.relu(bn(conv(x))))
+    out.sum().backward()
+    assert x.grad is not None
+    bn.eval()
+    with torch.no_grad():  # disabled: the modules
+        assert_close(conv_bn_act(conv, bn, x, enabled=False), bn(conv(x)))
 
 
 def test_importing_the_models_registers_nothing_with_torch():

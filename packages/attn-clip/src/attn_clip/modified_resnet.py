@@ -10,6 +10,11 @@ attention pool instead of the global average: the mean of the ``H * W`` final fe
 plus a position embedding, attends over all of them (plus itself) with multi-head
 attention (through :func:`attn_core.attention`), then ``c_proj`` maps it to ``E``.
 
+Inference fast path (``set_fast_inference``, on by default): every conv + BatchNorm (+ ReLU)
+runs through :func:`attn_core.fast_inference.conv_bn_act` -- one oneDNN convolution on
+folded weights, channels-last -- where it applies (CPU, eval, no autograd); elsewhere the
+same call runs the modules, so there is one forward.
+
 Parameter names are open_clip's ``ModifiedResNet`` (``conv1..3``, ``bn1..3``,
 ``layer{1-4}.{j}.conv1..3`` / ``bn1..3`` / ``downsample.{0,1}``,
 ``attnpool.positional_embedding`` / ``q_proj`` / ``k_proj`` / ``v_proj`` / ``c_proj``).
@@ -21,6 +26,7 @@ from collections import OrderedDict
 
 import torch
 from attn_core import attention
+from attn_core.fast_inference import conv_bn_act
 from torch import nn
 
 __all__ = ["AttentionPool2d", "Bottleneck", "ModifiedResNet"]
@@ -55,12 +61,17 @@ class Bottleneck(nn.Module):
                     ]
                 )
             )
+        self.fast_inference = True  # see ModifiedResNet.set_fast_inference
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shortcut = x if self.downsample is None else self.downsample(x)
-        x = self.act1(self.bn1(self.conv1(x)))
-        x = self.avgpool(self.act2(self.bn2(self.conv2(x))))
-        return self.act3(self.bn3(self.conv3(x)) + shortcut)
+        fast = self.fast_inference
+        shortcut = x
+        if self.downsample is not None:
+            pool, conv, bn = self.downsample
+            shortcut = conv_bn_act(conv, bn, pool(x), enabled=fast)
+        x = conv_bn_act(self.conv1, self.bn1, x, self.act1, enabled=fast)
+        x = self.avgpool(conv_bn_act(self.conv2, self.bn2, x, self.act2, enabled=fast))
+        return conv_bn_act(self.conv3, self.bn3, x, self.act3, residual=shortcut, enabled=fast)
 
 
 class AttentionPool2d(nn.Module):
@@ -145,8 +156,17 @@ class ModifiedResNet(nn.Module):
         self.attnpool = AttentionPool2d(
             image_size // 32, width * 32, heads, output_dim, weight_init=weight_init
         )
+        self.fast_inference = True  # see set_fast_inference
         if weight_init:
             self.init_parameters()
+
+    def set_fast_inference(self, enable: bool = True) -> ModifiedResNet:
+        """Run inference through :func:`attn_core.fast_inference.conv_bn_act` (the default)
+        where it applies, or always through the plain modules (``False``)."""
+        for m in self.modules():
+            if isinstance(m, ModifiedResNet | Bottleneck):
+                m.fast_inference = enable
+        return self
 
     @torch.no_grad()
     def init_parameters(self) -> None:
@@ -160,9 +180,10 @@ class ModifiedResNet(nn.Module):
                 nn.init.zeros_(p)
 
     def stem(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.act1(self.bn1(self.conv1(x)))
-        x = self.act2(self.bn2(self.conv2(x)))
-        x = self.act3(self.bn3(self.conv3(x)))
+        fast = self.fast_inference
+        x = conv_bn_act(self.conv1, self.bn1, x, self.act1, enabled=fast)
+        x = conv_bn_act(self.conv2, self.bn2, x, self.act2, enabled=fast)
+        x = conv_bn_act(self.conv3, self.bn3, x, self.act3, enabled=fast)
         return self.avgpool(x)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,10 @@ each step exact up to float rounding (tests/core/test_fast_inference.py):
   encodes prefixes shared by several rows once (their keys / values are reused, as a KV
   cache is when decoding) and runs rows in groups of similar length;
 * :func:`patchify` computes a patch-embedding convolution as one fused product on
-  flattened patches.
+  flattened patches;
+* :func:`conv_bn_act` runs ``act(bn(conv(x)) + residual)`` of convolutional networks
+  (ResNets) as one oneDNN convolution in channels-last memory, the BatchNorm folded into a
+  cached copy of the conv weights (re-folded when any of them changes, like the packing).
 
 Nothing is registered with torch at import. Under ``torch.compile`` the fused product
 needs a custom op (Inductor cannot lower ``mkldnn._linear_pointwise`` on non-constant
@@ -52,6 +55,7 @@ from .blocks import LayerScale, QuickGELU, TransformerBlock
 __all__ = [
     "block_supported",
     "compile_module",
+    "conv_bn_act",
     "fast_path_available",
     "patchify",
     "release_packed_weights",
@@ -71,6 +75,8 @@ _MIN_SAVING = 0.15  # share prefixes only when that saves at least this fraction
 
 # weight -> ((version, data_ptr, dtype, shape), packed weight); entries die with the weight
 _packed: WeakIdKeyDictionary = WeakIdKeyDictionary()
+# conv weight -> (versions of the conv / BatchNorm tensors, (folded weight, folded bias))
+_folded: WeakIdKeyDictionary = WeakIdKeyDictionary()
 _optimizer_hook: RemovableHandle | None = None  # set on the first packing
 _compile_op_registered = False
 
@@ -128,10 +134,11 @@ def block_supported(block: nn.Module) -> bool:
 def _forget_stepped(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
     """After any optimizer step: drop the packed copies of the parameters it updated
     (fused optimizers write in place without bumping the version counter)."""
-    if _packed:
+    if _packed or _folded:
         for group in optimizer.param_groups:
             for p in group["params"]:
                 _packed.pop(p, None)
+                _folded.pop(p, None)
 
 
 def _packed_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -156,9 +163,11 @@ def release_packed_weights(module: nn.Module | None = None) -> None:
     next fast call packs them again."""
     if module is None:
         _packed.clear()
+        _folded.clear()
         return
     for p in module.parameters():
         _packed.pop(p, None)
+        _folded.pop(p, None)
 
 
 def _post_op(act: nn.Module | None) -> tuple[str, str] | None:
@@ -367,6 +376,88 @@ def patchify(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     x = x[:, :, : gh * ph, : gw * pw].reshape(B, C, gh, ph, gw, pw)
     x = x.permute(0, 2, 4, 1, 3, 5).reshape(B, gh, gw, C * ph * pw)  # (B, gh, gw, C ph pw)
     return _linear(x, conv.weight, conv.bias)  # the conv weight, flattened the same way
+
+
+def _tensor_key(t: torch.Tensor | None) -> tuple | None:
+    return None if t is None else (t._version, t.data_ptr(), t.dtype)
+
+
+def _folded_conv(
+    conv: nn.Conv2d, bn: nn.BatchNorm2d | None, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``conv``'s weight and bias with ``bn`` (eval statistics) folded in, channels-last,
+    in ``dtype``: ``w * g / sqrt(var + eps)``, ``(b - mean) * g / sqrt(var + eps) + beta``
+    (computed in fp32), cached until one of the tensors changes."""
+    global _optimizer_hook
+    tensors = (conv.weight, conv.bias)
+    if bn is not None:
+        tensors += (bn.weight, bn.bias, bn.running_mean, bn.running_var)
+    key = (dtype, *(_tensor_key(t) for t in tensors))
+    entry = _folded.get(conv.weight)
+    if entry is not None and entry[0] == key:
+        return entry[1]
+    if _optimizer_hook is None:
+        _optimizer_hook = register_optimizer_step_post_hook(_forget_stepped)
+    weight = conv.weight.detach().float()
+    bias = None if conv.bias is None else conv.bias.detach().float()
+    if bn is not None:
+        scale = torch.rsqrt(bn.running_var.float() + bn.eps)
+        if bn.weight is not None:
+            scale = scale * bn.weight.detach().float()
+        shift = -bn.running_mean.float() * scale
+        if bias is not None:
+            shift = shift + bias * scale
+        if bn.bias is not None:
+            shift = shift + bn.bias.detach().float()
+        weight, bias = weight * scale[:, None, None, None], shift
+    weight = weight.to(dtype).contiguous(memory_format=torch.channels_last)
+    folded = (weight, None if bias is None else bias.to(dtype))
+    if not conv.weight.is_inference():  # (inference tensors have no version counter)
+        _folded[conv.weight] = (key, folded)
+    return folded
+
+
+def conv_bn_act(
+    conv: nn.Conv2d,
+    bn: nn.BatchNorm2d | None,
+    x: torch.Tensor,
+    act: nn.Module | None = None,
+    residual: torch.Tensor | None = None,
+    enabled: bool = True,
+) -> torch.Tensor:
+    """``act(bn(conv(x)) + residual)`` (``bn``, ``act``, ``residual`` optional).
+
+    On the fast path (``enabled``, :func:`fast_path_available`, ``bn`` in eval mode, a
+    plain ``nn.Conv2d`` with zero padding, ReLU / GELU / SiLU or no ``act``) it is one oneDNN
+    convolution with the BatchNorm folded into the weights and the activation fused (after
+    an in-place residual add when there is one), its output in channels-last memory, where
+    the next convolution reads it without a copy. Elsewhere: the modules themselves.
+    """
+    post = _post_op(act) if residual is None else ("none", "")
+    if (
+        enabled
+        and fast_path_available(x)
+        and type(conv) is nn.Conv2d
+        and conv.padding_mode == "zeros"
+        and isinstance(conv.padding, tuple)  # not "same" / "valid"
+        and (bn is None or (type(bn) is nn.BatchNorm2d and not bn.training))
+        and post is not None
+        and not torch.compiler.is_compiling()
+    ):
+        weight, bias = _folded_conv(conv, bn, x.dtype)
+        x = x.contiguous(memory_format=torch.channels_last)
+        out = torch.ops.mkldnn._convolution_pointwise(
+            x, weight, bias, conv.padding, conv.stride, conv.dilation, conv.groups,
+            post[0], [], post[1],
+        )  # fmt: skip
+        if residual is None:
+            return out
+        out = out.add_(residual)  # (the activation then runs as a module, in place for ReLU)
+        return out if act is None else act(out)
+    out = conv(x) if bn is None else bn(conv(x))
+    if residual is not None:
+        out = out + residual
+    return out if act is None else act(out)
 
 
 # ---------------------------------------------------------------------------------------
