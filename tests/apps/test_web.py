@@ -49,10 +49,8 @@ GALLERY = [
 
 
 def render(colour, shape, size="large", position="center", seed=0) -> Image.Image:
-    try:
-        from attn_train import shapes
-    except ImportError:  # older layout: the generator lived in attn_clip
-        from attn_clip import shapes
+    from attn_train import shapes
+
     return shapes.render_shape(colour, shape, size, position, seed=seed, noise=0.0)
 
 
