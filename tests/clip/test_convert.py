@@ -228,8 +228,8 @@ def test_openai_torchscript_resnet_archive(h, tmp_path, tiny_tokens):
 def test_open_clip_meta_layout_matches_every_listed_model():
     """Every buildable architecture has exactly open_clip's tensors (names and shapes),
     SigLIP / SigLIP2 (open_clip's CustomTextCLIP with a timm tower), ConvNeXt (timm tower +
-    projection head), EVA-CLIP (timm Eva tower, its blocks fused) and OpenAI's ResNets
-    included."""
+    projection head), EVA-CLIP (timm Eva tower, its blocks fused), ViTamin (timm tower on
+    a conv stem + projection head) and OpenAI's ResNets included."""
     from attn_clip import get_model_config, list_models
 
     seen, checked = set(), []
@@ -253,3 +253,4 @@ def test_open_clip_meta_layout_matches_every_listed_model():
     assert sum(n.startswith("convnext_") for n in checked) >= 9, checked  # 11, 2 share a layout
     assert sum(n.startswith("RN") for n in checked) == 5, checked  # -quickgelu: same tensors
     assert sum(n.startswith("EVA") for n in checked) == 5, checked
+    assert sum(n.startswith("ViTamin") for n in checked) == 15, checked

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import open_clip
 import open_clip.pretrained as oc_pretrained
@@ -12,6 +13,8 @@ import pytest
 from attn_clip import get_model_config, get_pretrained_cfg, list_models, list_pretrained, registry
 from attn_clip.config import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
 from attn_clip.registry import list_pretrained_tags
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "clip.md"
 
 
 def test_shipped_tables_equal_the_installed_open_clip():
@@ -31,6 +34,7 @@ def test_list_models_has_the_clips_attn_clip_builds_and_only_them():
     required |= {f"{n}-quickgelu" for n in ("ViT-B-32", "ViT-B-16", "ViT-L-14", "ViT-H-14")}
     required |= {"RN50", "RN50x64-quickgelu", "convnext_base", "convnext_large_d_320"}
     required |= {"EVA02-B-16", "EVA02-L-14-336", "EVA01-g-14", "EVA01-g-14-plus"}
+    required |= {"ViTamin-S", "ViTamin-L2-384", "ViTamin-XL-384"}
     assert required <= names
     assert names - {"demo-shapes"} <= set(open_clip.list_models())
     excluded = ("coca_ViT-B-32", "nllb-clip-base-siglip", "EVA02-E-14", "PE-Core-B-16")
@@ -87,6 +91,24 @@ def test_every_eva_config_but_eva02_enormous_and_its_tag():
     assert (pre.mean, pre.std) == (OPENAI_DATASET_MEAN, OPENAI_DATASET_STD)
 
 
+def test_every_vitamin_config_and_tag():
+    """open_clip's ViTamin CLIPs (timm ViTamin towers): all 15 configs, each with its one
+    tag (the weights in the authors' Hub repos); OpenAI mean / std, bicubic, shortest side,
+    at the config's image size (ViTamin-XL-384's is 256, as open_clip has it)."""
+    vitamin = {n for n in open_clip.list_models() if n.startswith("ViTamin")}
+    assert len(vitamin) == 15 and vitamin <= set(list_models())
+    tags = [(n, t) for n, t in list_pretrained() if n in vitamin]
+    assert tags == [(n, t) for n, t in oc_pretrained.list_pretrained() if n in vitamin]
+    assert len(tags) == 15 and all(t == "datacomp1b" for _, t in tags)
+    src = get_pretrained_cfg("ViTamin-L-384", "datacomp1b")
+    assert src.hf_hub_id == "jienengchen/ViTamin-L-384px"
+    assert src.filenames == ("pytorch_model.safetensors", "pytorch_model.bin")
+    pre = src.preprocess
+    assert (pre.size, pre.interpolation, pre.resize_mode) == (384, "bicubic", "shortest")
+    assert (pre.mean, pre.std) == (OPENAI_DATASET_MEAN, OPENAI_DATASET_STD)
+    assert get_pretrained_cfg("ViTamin-XL-384", "datacomp1b").preprocess.size == 256
+
+
 def test_coverage_counts_what_is_listed(capsys):
     assert registry.main(["--coverage"]) == 0
     out = capsys.readouterr().out
@@ -101,6 +123,8 @@ def test_coverage_counts_what_is_listed(capsys):
     assert "ConvNeXt: 11 of 11 configs, 12 of 12 tags" in out
     assert "OpenAI ResNet (RN*): 10 of 10 configs, 16 of 16 tags" in out
     assert "EVA-CLIP (EVA01 / EVA02): 5 of 7 configs, 5 of 7 tags" in out
+    assert "ViTamin: 15 of 15 configs, 15 of 15 tags" in out
+    assert out.strip() in DOCS.read_text(encoding="utf-8"), "docs/clip.md: rerun --coverage"
     assert get_model_config("ViT-B-32-quickgelu").quick_gelu
     assert not get_model_config("ViT-B-32").quick_gelu
 

@@ -18,11 +18,16 @@ Three kinds of image tower (:attr:`CLIPVisionConfig.tower`), as open_clip decide
   (``"linear"``) or Linear-GELU-Linear (``"mlp"``), biased per ``timm_proj_bias``;
 * ``"resnet"``: OpenAI's ModifiedResNet (``vision_cfg.layers`` a list of stage depths).
 
+A timm ViTamin (``timm_model_name="vitamin_small_224"``) is a ``"vit"`` tower too: a ViT on a
+conv stem with GeGLU MLPs (:attr:`CLIPVisionConfig.vitamin`: the stem's fields), average
+pooled, then open_clip's ``timm_proj="linear"`` head (bias-free, as a ViT's ``proj``).
+
 The timm architecture behind each timm name is read from tables generated from timm
-(``timm_vit``, ``timm_convnext``, ``timm_eva`` in ``open_clip_registry.json``), so building
-one never imports timm. A tower whose architecture differs from its timm name's (e.g.
-fewer layers) is written with a ``timm_model_args`` entry listing timm's keyword arguments
-in full (attn_clip's extension; open_clip itself refuses the key).
+(``timm_vit``, ``timm_convnext``, ``timm_eva``, ``timm_vitamin`` in
+``open_clip_registry.json``), so building one never imports timm. A tower whose
+architecture differs from its timm name's (e.g. fewer layers) is written with a
+``timm_model_args`` entry listing timm's keyword arguments in full (attn_clip's extension;
+open_clip itself refuses the key).
 """
 
 from __future__ import annotations
@@ -47,6 +52,15 @@ EVA_FIELDS: dict[str, Any] = {
     "mlp_inner_norm": False,  # LayerNorm before fc2 (timm's scale_mlp)
     "mlp_gate_last": True,  # swiglu: fc1 gives [x, gate] (timm SwiGLU); False: [gate, x]
     "qkv_fused": True,  # timm's checkpoint layout (see above); no effect on the math
+}
+
+# a timm ViTamin tower's fields beyond a CLIP ViT's: attn_vision VitaminConfig fields (the
+# conv stem), with its defaults
+VITAMIN_FIELDS: dict[str, Any] = {
+    "stem_width": 64,  # channels of the stem's two 3x3 convs
+    "conv_dims": (64, 128),  # channels of the two MBConv stages
+    "conv_depths": (2, 4),  # MBConv blocks per stage
+    "pos_embed": "learn",  # "learn" (learned absolute position embedding) or "none"
 }
 
 OPENAI_DATASET_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -87,6 +101,7 @@ class CLIPVisionConfig:
     timm_model_name: str | None = None  # the timm model this tower is, as open_clip names it
     convnext: dict[str, Any] | None = None  # a ConvNeXt: its attn_vision ConvNeXtConfig fields
     eva: dict[str, Any] | None = None  # a timm Eva ViT: its EVA_FIELDS (RoPE, inner norms, ...)
+    vitamin: dict[str, Any] | None = None  # a timm ViTamin: its VITAMIN_FIELDS (the conv stem)
 
     def __post_init__(self) -> None:
         if isinstance(self.image_size, list):
@@ -112,6 +127,18 @@ class CLIPVisionConfig:
                                  f"{self.head_width}")  # fmt: skip
         elif self.act == "swiglu":
             raise ValueError("vision act='swiglu' is for EVA towers (eva=...) only")
+        if self.vitamin is not None:
+            self.vitamin = _vitamin_fields(self.vitamin)
+            if not self.timm_model_name:
+                raise ValueError("vitamin= describes a timm tower: it needs a timm_model_name")
+            if self.eva is not None or self.convnext is not None or isinstance(self.layers, tuple):
+                raise ValueError("vitamin= is for ViT towers (not an EVA, ConvNeXt or ResNet)")
+            if self.patch_size != 16 or self.patch_bias or self.proj_type not in ("linear", "none"):
+                raise ValueError(
+                    f"a ViTamin tower has patch_size 16 (its stem's stride), no patch_bias and "
+                    f"proj_type 'linear' or 'none', got {self.patch_size}, {self.patch_bias}, "
+                    f"{self.proj_type!r}"
+                )
         if self.convnext is not None:
             self.convnext = _convnext_fields(self.convnext)
             self.width = self.convnext["dims"][-1]  # what the projection gets, always
@@ -166,6 +193,18 @@ def _convnext_fields(d: dict[str, Any]) -> dict[str, Any]:
                          f"expected some of {list(_CONVNEXT_FIELDS)}")  # fmt: skip
     c = ConvNeXtConfig(**d)
     return {k: getattr(c, k) for k in _CONVNEXT_FIELDS}
+
+
+def _vitamin_fields(d: dict[str, Any]) -> dict[str, Any]:
+    """The ViTamin stem fields, complete (``VITAMIN_FIELDS``' defaults) and checked."""
+    from attn_vision.vitamin import VitaminConfig
+
+    unknown = sorted(set(d) - set(VITAMIN_FIELDS))
+    if unknown:
+        raise ValueError(f"unknown ViTamin field(s): {', '.join(unknown)}; "
+                         f"expected some of {list(VITAMIN_FIELDS)}")  # fmt: skip
+    c = VitaminConfig(**d)
+    return {k: getattr(c, k) for k in VITAMIN_FIELDS}
 
 
 def _eva_fields(d: dict[str, Any]) -> dict[str, Any]:
@@ -633,11 +672,117 @@ def timm_eva_args(v: CLIPVisionConfig) -> dict[str, Any]:
     return out
 
 
+# ViTConfig fields timm's ViTamin kwargs may set (attn_vision's ``vitamin_args``) that a
+# CLIP tower has no field for: they must keep these values (timm's ViT defaults)
+_VITAMIN_FIXED = {
+    "qkv_bias": True,
+    "proj_bias": True,
+    "no_embed_class": False,
+    "reg_tokens": 0,
+    "final_norm": True,
+    "fc_norm": None,
+    "norm_eps": 1e-6,
+    "dist_token": False,
+}
+_VITAMIN_KNOWN = {
+    *_VITAMIN_FIXED, *VITAMIN_FIELDS, "img_size", "embed_dim", "depth", "num_heads",
+    "mlp_ratio", "class_token", "global_pool", "pre_norm", "init_values", "act",
+}  # fmt: skip
+
+
+def timm_vitamin_config(
+    name: str,
+    args: dict[str, Any],
+    image_size: Any,
+    timm_pool: str = "avg",
+    timm_proj: str | None = "linear",
+    timm_proj_bias: bool = False,
+) -> CLIPVisionConfig:
+    """The :class:`CLIPVisionConfig` of open_clip's timm ViTamin tower: timm ViTamin
+    ``name`` built with keyword arguments ``args`` (translated by attn_vision's
+    ``vitamin_args``), its classifier removed (``timm_pool`` ``""``: timm's own pooling,
+    average), then open_clip's ``timm_proj``: ``"linear"`` (bias-free) or ``"none"``.
+
+    A tower without position embedding (``vitamin_xlarge_*``) computes the same at any
+    image size: built at ``image_size`` (open_clip's ``ViTamin-XL-384`` feeds its 384 px
+    trunk 256 px images). Raises ``ValueError`` naming each argument attn_clip cannot build.
+    """
+    from attn_vision.timm_table import vitamin_args  # (imports no timm for these kwargs)
+
+    defaults = {k: TIMM_VIT_DEFAULTS[k] for k in ("img_size", "embed_dim", "depth", "num_heads")}
+    vit, bad = vitamin_args({**defaults, "mlp_ratio": 4.0, **args})
+    bad += [f"{k}={vit[k]!r}" for k, v in _VITAMIN_FIXED.items() if k in vit and vit[k] != v]
+    bad += [f"{k}={v!r}" for k, v in vit.items() if k not in _VITAMIN_KNOWN]
+    if vit.get("act", "gelu") not in ACTS:
+        bad.append(f"act={vit['act']!r}")
+    pool = timm_pool or vit.get("global_pool", "token")  # "": the trunk's own
+    if pool not in ("token", "avg"):
+        bad.append(f"timm_pool={timm_pool!r} (expected '', 'token' or 'avg')")
+    if vit["pos_embed"] != "none" and _to_2tuple(vit["img_size"]) != _to_2tuple(image_size):
+        bad.append(f"img_size={vit['img_size']!r} (vision_cfg.image_size is {image_size!r})")
+    if timm_proj not in ("linear", "none") or timm_proj_bias:
+        bad.append(f"timm_proj={timm_proj!r}, timm_proj_bias={timm_proj_bias!r} (expected "
+                   "'linear' without bias, or 'none')")  # fmt: skip
+    if bad:
+        raise ValueError(f"timm ViTamin {name!r} with {', '.join(bad)}")
+    return CLIPVisionConfig(
+        image_size=image_size,
+        patch_size=16,
+        width=vit["embed_dim"],
+        layers=vit["depth"],
+        head_width=vit["embed_dim"] // vit["num_heads"],
+        mlp_ratio=vit["mlp_ratio"],
+        ls_init_value=vit.get("init_values"),
+        no_ln_pre=not vit.get("pre_norm", False),
+        pool_type=_TIMM_POOLS[pool],
+        final_ln_after_pool=pool == "avg",  # timm: fc_norm=None means "after pooling" for avg
+        act=vit.get("act", "gelu"),
+        norm_eps=1e-6,
+        class_token=vit.get("class_token", True),
+        proj_type=timm_proj,
+        timm_model_name=name,
+        vitamin={k: vit[k] for k in VITAMIN_FIELDS},
+    )
+
+
+def timm_vitamin_args(v: CLIPVisionConfig) -> dict[str, Any]:
+    """timm ViTamin keyword arguments of a ViTamin tower (inverse of
+    :func:`timm_vitamin_config`; ``embed_cfg`` as the dict of timm's ``VitCfg`` fields the
+    stem reads)."""
+    from attn_vision.timm_table import GEGLU_MLP
+
+    e = v.vitamin
+    if v.norm_eps != 1e-6 or v.final_ln_after_pool != (v.pool_type == "avg"):
+        raise ValueError(f"vision tower {v.timm_model_name!r} is not a timm ViTamin: norm_eps="
+                         f"{v.norm_eps}, final_ln_after_pool={v.final_ln_after_pool} with "
+                         f"pool_type={v.pool_type!r}")  # fmt: skip
+    return {
+        "img_size": list(_to_2tuple(v.image_size)),
+        "embed_dim": v.width,
+        "depth": v.layers,
+        "num_heads": v.heads,
+        "mlp_ratio": v.mlp_ratio,
+        "mlp_layer": GEGLU_MLP,
+        "class_token": v.class_token,
+        "global_pool": "token" if v.pool_type == "tok" else "avg",
+        "pos_embed": e["pos_embed"],
+        "pre_norm": not v.no_ln_pre,
+        "init_values": v.ls_init_value,
+        "act_layer": v.act,
+        "embed_cfg": {
+            "embed_dim": [*e["conv_dims"], v.width],
+            "depths": [*e["conv_depths"], 1],
+            "stem_width": e["stem_width"],
+        },
+    }
+
+
 # a table of open_clip_registry.json -> (its timm models' kwargs -> our config, the inverse)
 TIMM_FAMILIES = {
     "timm_vit": (timm_vision_config, timm_vit_args),
     "timm_convnext": (timm_convnext_config, timm_convnext_args),
     "timm_eva": (timm_eva_config, timm_eva_args),
+    "timm_vitamin": (timm_vitamin_config, timm_vitamin_args),
 }
 
 
@@ -704,7 +849,7 @@ class CLIPConfig:
         keyword arguments of the timm towers (default: the tables shipped with attn_clip).
         Raises ``ValueError`` naming every key that asks for a feature not built here
         (Hugging Face text towers, attentional pooling, CoCa, timm towers other than plain
-        ViTs, ConvNeXts and Evas, ...).
+        ViTs, ConvNeXts, Evas and ViTamins, ...).
         """
         cfg = {k: v for k, v in cfg.items()}
         vcfg, tcfg = dict(cfg.pop("vision_cfg")), dict(cfg.pop("text_cfg"))
@@ -788,6 +933,7 @@ class CLIPConfig:
         not exactly its timm name's architecture."""
         v = self.vision
         family = {"convnext": "timm_convnext"}.get(v.tower, "timm_eva" if v.eva else "timm_vit")
+        family = "timm_vitamin" if v.vitamin is not None else family
         to_config, to_args = TIMM_FAMILIES[family]
         args = to_args(v)  # raises if timm cannot express it
         pool = args.pop("global_pool", "")  # (a ConvNeXt: its own average pool)

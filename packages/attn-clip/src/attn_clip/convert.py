@@ -6,12 +6,14 @@ Sources (detected from tell-tale keys by :func:`detect_format`):
   ``transformer.resblocks.0.attn.in_proj_weight``, ``text_projection``, ...). Also what
   OpenAI's TorchScript ``.pt`` archives hold once their ``state_dict()`` is taken,
   open_clip's ``CustomTextCLIP`` layout (the same keys under ``text.``), its timm
-  image towers (SigLIP, ConvNeXt: ``visual.trunk.*``, timm's names, which are ours, and
-  ``visual.head.proj`` / ``visual.head.mlp``, ours too; EVA: timm ``Eva``'s block names,
-  converted by attn_vision's :func:`~attn_vision.convert.eva_to_vit`: ``q_proj`` /
-  ``k_proj`` / ``v_proj`` or ``qkv`` + ``q_bias`` / ``v_bias`` fused into one ``qkv`` with a
-  zero key bias, SwiGLU's ``fc1_x`` / ``fc1_g`` into one ``fc1``, ``gamma_1`` / ``gamma_2``
-  into ``ls1`` / ``ls2``), and OpenAI's ResNets (``visual.conv1`` ... ``visual.attnpool.*``,
+  image towers (SigLIP, ConvNeXt, ViTamin: ``visual.trunk.*``, timm's names, which are
+  ours, and ``visual.head.proj`` / ``visual.head.mlp``, ours too -- a ViTamin's
+  ``head.proj`` is its ViT tower's ``proj``, renamed by :func:`fit_to_model`; EVA: timm
+  ``Eva``'s block names, converted by attn_vision's
+  :func:`~attn_vision.convert.eva_to_vit`: ``q_proj`` / ``k_proj`` / ``v_proj`` or ``qkv`` +
+  ``q_bias`` / ``v_bias`` fused into one ``qkv`` with a zero key bias, SwiGLU's ``fc1_x`` /
+  ``fc1_g`` into one ``fc1``, ``gamma_1`` / ``gamma_2`` into ``ls1`` / ``ls2``), and
+  OpenAI's ResNets (``visual.conv1`` ... ``visual.attnpool.*``,
   ours under ``visual.trunk.``).
 * ``hf``         -- transformers ``CLIPModel`` (``text_model.*``, ``vision_model.*``,
   separate ``q_proj`` / ``k_proj`` / ``v_proj`` that are fused into one ``qkv``).
@@ -424,7 +426,8 @@ def to_open_clip(
 
 
 def fit_to_model(sd: StateDict, expected: Mapping[str, torch.Tensor]) -> StateDict:
-    """Rename ``ln_post`` to ``fc_norm`` when the model normalizes after pooling; fill in
+    """Rename ``ln_post`` to ``fc_norm`` when the model normalizes after pooling, and
+    open_clip's timm-tower ``head.proj`` to a ViT tower's ``proj`` (ViTamin); fill in
     BatchNorm ``num_batches_tracked`` counters the checkpoint left out (zeros, as torch's
     BatchNorm does; unused in eval mode).
 
@@ -432,8 +435,8 @@ def fit_to_model(sd: StateDict, expected: Mapping[str, torch.Tensor]) -> StateDi
     by :func:`attn_core.hub.load_state_dict`.
     """
     sd = dict(sd)
-    for kind in ("weight", "bias"):
-        src, dst = f"visual.trunk.norm.{kind}", f"visual.trunk.fc_norm.{kind}"
+    renames = [(f"visual.trunk.norm.{k}", f"visual.trunk.fc_norm.{k}") for k in ("weight", "bias")]
+    for src, dst in [*renames, ("visual.head.proj.weight", "visual.proj.weight")]:
         if src in sd and src not in expected and dst in expected:
             sd[dst] = sd.pop(src)
     for key, t in expected.items():

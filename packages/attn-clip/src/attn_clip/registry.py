@@ -5,7 +5,7 @@
 ``-quickgelu`` variants, ...; SigLIP / SigLIP2: ``ViT-B-16-SigLIP``,
 ``ViT-SO400M-14-SigLIP-384``, ...; ConvNeXt: ``convnext_base_w``, ``convnext_large_d``,
 ...; OpenAI's ResNets: ``RN50``, ``RN50x4``, ...; EVA-CLIP: ``EVA02-B-16``, ``EVA01-g-14``,
-...) plus attn_clip's bundled models;
+...; ViTamin: ``ViTamin-S``, ``ViTamin-L2-384``, ...) plus attn_clip's bundled models;
 ``list_pretrained()`` the open_clip ``(name, tag)`` pairs; ``get_pretrained_cfg(name, tag)``
 says where open_clip would download the weights from and how images must be preprocessed
 for them.
@@ -21,9 +21,9 @@ and ``imagenet_zero_shot.json`` (OpenAI's ImageNet class names and prompt templa
 
 (``tests/clip/test_registry.py`` runs the check, so an open_clip upgrade that changes
 them, or a config feature attn_clip learns, fails until the files are rebuilt.) The
-SigLIP, ConvNeXt and EVA image towers are timm models named in open_clip's configs; the
-table also holds the timm keyword arguments of each such name (``timm_vit``,
-``timm_convnext``, ``timm_eva``, read from the installed timm).
+SigLIP, ConvNeXt, EVA and ViTamin image towers are timm models named in open_clip's
+configs; the table also holds the timm keyword arguments of each such name (``timm_vit``,
+``timm_convnext``, ``timm_eva``, ``timm_vitamin``, read from the installed timm).
 
 attn_clip also has *bundled* models of its own, whose weights ship inside the package
 (no network): ``demo-shapes``, a small CLIP trained by ``scripts/train_clip.py`` on the
@@ -144,7 +144,8 @@ PRETRAINED_FIELDS: dict[str, Any] = {
 @functools.cache
 def _table() -> dict[str, Any]:
     """The shipped copy of open_clip's registry (``models``, ``unsupported``, ``pretrained``,
-    ``unsupported_pretrained``, ``timm_vit``, ``timm_convnext``, ``timm_eva``)."""
+    ``unsupported_pretrained``, ``timm_vit``, ``timm_convnext``, ``timm_eva``,
+    ``timm_vitamin``)."""
     with open(TABLE_FILE, encoding="utf-8") as f:
         return json.load(f)
 
@@ -154,17 +155,18 @@ TIMM_BUILDERS = {
     "timm_vit": ("vision_transformer", "_create_vision_transformer"),
     "timm_convnext": ("convnext", "_create_convnext"),
     "timm_eva": ("eva", "_create_eva"),  # EVA-01 / EVA02 (EVA-CLIP's image towers)
+    "timm_vitamin": ("vitamin", "_create_vitamin"),  # ViTamin (a ViT on a conv stem)
 }
 # tables whose models take the image size as ``img_size`` (filled in from timm's default
 # pretrained config when the entry point leaves it to the class default)
-_IMG_SIZE_TABLES = ("timm_vit", "timm_eva")
+_IMG_SIZE_TABLES = ("timm_vit", "timm_eva", "timm_vitamin")
 
 
 def timm_tables() -> dict[str, dict[str, dict[str, Any]]]:
-    """``{"timm_vit": {name: kwargs}, "timm_convnext": {...}, "timm_eva": {...}}``: the
-    keyword arguments timm builds each timm tower named in open_clip's configs with, for the
-    models that are timm's plain ``VisionTransformer``, ``ConvNeXt`` or ``Eva`` (whether
-    attn_clip builds them or not)."""
+    """``{"timm_vit": {name: kwargs}, "timm_convnext": {...}, "timm_eva": {...},
+    "timm_vitamin": {...}}``: the keyword arguments timm builds each timm tower named in
+    open_clip's configs with, for the models that are timm's plain ``VisionTransformer``,
+    ``ConvNeXt``, ``Eva`` or ViTamin (whether attn_clip builds them or not)."""
     return {name: _table()[name] for name in TIMM_BUILDERS}
 
 
@@ -337,12 +339,14 @@ def build_tables() -> dict[str, dict[str, Any]]:
 
 def _timm_model_args(names: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
     """For each table of :data:`TIMM_BUILDERS`, timm's keyword arguments of each timm model
-    in ``names`` whose entry point is in that table's module (ViTs, ConvNeXts, Evas; the
-    others, Swin, ViTamin, ..., are left out): caught on their way into the module's
-    builder, so no model is built; a ViT's or Eva's ``img_size`` from its default
-    pretrained config when the entry point does not set it. Values that are not
-    JSON (layers, functions) become their ``repr``, which ``CLIPConfig.from_open_clip``
-    then refuses by name."""
+    in ``names`` whose entry point is in that table's module (ViTs, ConvNeXts, Evas,
+    ViTamins; the others, Swin, FastViT, ..., are left out): caught on their way into the
+    module's builder, so no model is built; a ViT's, Eva's or ViTamin's ``img_size`` from its
+    default pretrained config when the entry point does not set it. A dataclass (ViTamin's
+    ``embed_cfg``) becomes its dict, a class (ViTamin's ``mlp_layer``) its qualified name;
+    other values that are not JSON (layers, functions) become their ``repr``, which
+    ``CLIPConfig.from_open_clip`` then refuses by name."""
+    import dataclasses
     import importlib
 
     import timm
@@ -356,6 +360,10 @@ def _timm_model_args(names: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
     def plain(v: Any) -> Any:
         if isinstance(v, (list, tuple)):
             return [plain(x) for x in v]
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
+        if isinstance(v, type):
+            return f"{v.__module__}.{v.__qualname__}"
         return v if v is None or isinstance(v, (bool, int, float, str)) else repr(v)
 
     tables: dict[str, dict[str, dict[str, Any]]] = {}
@@ -392,13 +400,14 @@ COVERAGE_FAMILIES = (
     ("ConvNeXt", lambda n: n.startswith("convnext_")),
     ("OpenAI ResNet (RN*)", lambda n: n.startswith("RN")),
     ("EVA-CLIP (EVA01 / EVA02)", lambda n: n.startswith("EVA")),
+    ("ViTamin", lambda n: n.startswith("ViTamin")),
 )
 
 
 def coverage() -> str:
     """How many of open_clip's model configs and pretrained tags attn_clip builds, from
     the shipped table (imports nothing): overall, per family (SigLIP / SigLIP2, ConvNeXt,
-    ResNet, EVA), and why the rest is refused."""
+    ResNet, EVA, ViTamin), and why the rest is refused."""
     table = _table()
     models, unsupported = table["models"], table["unsupported"]
     pretrained, refused_tags = table["pretrained"], table["unsupported_pretrained"]

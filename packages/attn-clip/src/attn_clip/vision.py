@@ -20,6 +20,11 @@ grid), a SwiGLU MLP with a LayerNorm before ``fc2`` and a LayerNorm before the a
 output projection. open_clip builds it with ``num_classes=embed_dim``: the projection is
 the trunk's classifier ``trunk.head`` (a Linear with bias, ``proj_type="head"``).
 
+A ViTamin tower (``vitamin_*``) is attn_vision's :class:`~attn_vision.vitamin.Vitamin`, a
+ViT whose patch embedding is a conv stem and whose MLPs are GeGLU, average pooled, with
+``fc_norm``; open_clip's ``timm_proj="linear"`` head (``visual.head.proj``, no bias) is the
+tower's ``proj``.
+
 A ConvNeXt tower is open_clip's ``TimmModel``: timm's ConvNeXt with its classifier removed
 (``trunk``: average pool + LayerNorm kept, ``(B, D)``), then ``head.proj`` (a Linear) or
 ``head.mlp`` (``fc1`` -> GELU -> ``fc2``, ``2 E`` wide) -- open_clip's names. A ResNet tower
@@ -34,6 +39,7 @@ from collections import OrderedDict
 import torch
 from attn_vision.convnext import ConvNeXt, ConvNeXtConfig
 from attn_vision.vit import VisionTransformer, ViTConfig
+from attn_vision.vitamin import Vitamin, VitaminConfig
 from torch import nn
 
 from .config import CLIPVisionConfig
@@ -43,10 +49,10 @@ __all__ = ["CLIPVisionTower", "vit_config"]
 
 
 def vit_config(c: CLIPVisionConfig, embed_dim: int = 0) -> ViTConfig:
-    """The attn_vision ``ViTConfig`` of a CLIP vision tower: no classifier head, except
-    timm's ``head`` to ``embed_dim`` as the projection (``proj_type="head"``)."""
-    eva = {k: v for k, v in (c.eva or {}).items() if k != "qkv_fused"}  # (a layout only)
-    return ViTConfig(
+    """The attn_vision ``ViTConfig`` (a ViTamin's: ``VitaminConfig``) of a CLIP vision
+    tower: no classifier head, except timm's ``head`` to ``embed_dim`` as the projection
+    (``proj_type="head"``)."""
+    common = dict(
         img_size=c.image_size,
         patch_size=c.patch_size,
         num_classes=embed_dim if c.proj_type == "head" else 0,
@@ -58,12 +64,18 @@ def vit_config(c: CLIPVisionConfig, embed_dim: int = 0) -> ViTConfig:
         qkv_bias=True,
         class_token=c.class_token,
         pre_norm=not c.no_ln_pre,
-        patch_bias=c.patch_bias,  # CLIP: never (CLIPA too, although it has no ln_pre)
         final_norm=True,
         fc_norm=c.final_ln_after_pool,
         norm_eps=c.norm_eps,
         act=c.act,
         init_values=c.ls_init_value,
+    )
+    if c.vitamin is not None:  # the conv stem's fields
+        return VitaminConfig(**common, **c.vitamin)
+    eva = {k: v for k, v in (c.eva or {}).items() if k != "qkv_fused"}  # (a layout only)
+    return ViTConfig(
+        **common,
+        patch_bias=c.patch_bias,  # CLIP: never (CLIPA too, although it has no ln_pre)
         **eva,  # EVA: rope, rope_ref_grid, attn_inner_norm, mlp_inner_norm, mlp_gate_last
     )
 
@@ -92,7 +104,8 @@ def convnext_head(config: CLIPVisionConfig, embed_dim: int) -> nn.Sequential:
 
 
 def build_trunk(config: CLIPVisionConfig, embed_dim: int, weight_init: bool = True) -> nn.Module:
-    """The tower's trunk: attn_vision's ViT or ConvNeXt (no classifier), or ModifiedResNet."""
+    """The tower's trunk: attn_vision's ViT (or ViTamin) or ConvNeXt (no classifier), or
+    ModifiedResNet."""
     if config.tower == "resnet":
         size = config.image_size
         size = size[0] if isinstance(size, tuple) else size
@@ -102,7 +115,8 @@ def build_trunk(config: CLIPVisionConfig, embed_dim: int, weight_init: bool = Tr
     if config.tower == "convnext":
         convnext = ConvNeXtConfig(**config.convnext, num_classes=0)
         return ConvNeXt(convnext, weight_init=weight_init)
-    return VisionTransformer(vit_config(config, embed_dim), weight_init=weight_init)
+    vit_cls = Vitamin if config.vitamin is not None else VisionTransformer
+    return vit_cls(vit_config(config, embed_dim), weight_init=weight_init)
 
 
 class CLIPVisionTower(nn.Module):
@@ -132,16 +146,18 @@ class CLIPVisionTower(nn.Module):
         self.trunk.set_grad_checkpointing(enable)
 
     def set_fast_inference(self, enable: bool = True) -> CLIPVisionTower:
-        """The ViT trunk's inference fast path (:meth:`VisionTransformer.set_fast_inference`);
-        ConvNeXt and ResNet trunks run their plain modules either way."""
+        """The trunk's inference fast path (:mod:`attn_core.fast_inference`: the ViT's fused
+        blocks, the ModifiedResNet's folded convolutions); ConvNeXt trunks run their plain
+        modules either way."""
         if hasattr(self.trunk, "set_fast_inference"):
             self.trunk.set_fast_inference(enable)
         return self
 
     def prepare(self, images: torch.Tensor) -> torch.Tensor:
-        """Images cast to the weights' dtype (a ViT's: cut to whole patches)."""
+        """Images cast to the weights' dtype (a ViT's: cut to whole patches; a ViTamin's
+        conv stem takes any size, as open_clip's)."""
         images = images.to(next(self.trunk.parameters()).dtype)
-        if images.ndim != 4 or self.config.tower != "vit":
+        if images.ndim != 4 or self.config.tower != "vit" or self.config.vitamin is not None:
             return images  # the trunk names what it expected
         p = self.config.patch_size
         H, W = images.shape[-2:]

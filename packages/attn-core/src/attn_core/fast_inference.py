@@ -50,7 +50,7 @@ from torch.utils.hooks import RemovableHandle
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .attention import attention
-from .blocks import LayerScale, QuickGELU, TransformerBlock
+from .blocks import FeedForward, LayerScale, QuickGELU, TransformerBlock
 
 __all__ = [
     "block_supported",
@@ -109,6 +109,8 @@ def block_supported(block: nn.Module) -> bool:
     layers (not, e.g., quantized ones), a fused ``qkv``, no RoPE, no inner norms and no
     gated MLP."""
     if not isinstance(block, TransformerBlock) or block.training:
+        return False
+    if type(block.mlp) is not FeedForward:  # a model's own MLP (e.g. ViTamin's GeGLU)
         return False
     attn = block.attn
     linears = (getattr(attn, "qkv", None), attn.proj, block.mlp.fc1, block.mlp.fc2)

@@ -1,4 +1,5 @@
-"""attn_vision: ViT, Swin, ResNet and channel/spatial attention on attn_core, loading timm weights.
+"""attn_vision: ViT, Swin, ResNet, ConvNeXt, ViTamin and channel/spatial attention on attn_core,
+loading timm weights.
 
 The ViT presets are timm's whole ``VisionTransformer`` family that our config expresses
 (ViT, DeiT, DeiT-3, DINOv2 (+ registers), SigLIP, CLIP-trained ViTs, ...): see
@@ -34,7 +35,12 @@ _EXPORTS = {
         "SqueezeExcite",
         "create_attn",
     ],
-    "convert": ["convert_timm_resnet", "convert_timm_swin", "convert_timm_vit"],
+    "convert": [
+        "convert_timm_resnet",
+        "convert_timm_swin",
+        "convert_timm_vit",
+        "convert_timm_vitamin",
+    ],
     "patch_embed": ["PatchEmbed", "resample_abs_pos_embed"],
     "pretrained": ["PretrainedLocation", "get_pretrained_cfg", "resolve_pretrained"],
     "registry": [
@@ -54,6 +60,7 @@ _EXPORTS = {
         "save_attention_heatmap",
     ],
     "vit": ["VisionTransformer", "ViTConfig"],
+    "vitamin": ["Vitamin", "VitaminConfig"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 
@@ -84,7 +91,12 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
         SqueezeExcite,
         create_attn,
     )
-    from .convert import convert_timm_resnet, convert_timm_swin, convert_timm_vit
+    from .convert import (
+        convert_timm_resnet,
+        convert_timm_swin,
+        convert_timm_vit,
+        convert_timm_vitamin,
+    )
     from .patch_embed import PatchEmbed, resample_abs_pos_embed
     from .pretrained import PretrainedLocation, get_pretrained_cfg, resolve_pretrained
     from .registry import (
@@ -104,3 +116,4 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
         save_attention_heatmap,
     )
     from .vit import VisionTransformer, ViTConfig
+    from .vitamin import Vitamin, VitaminConfig

@@ -19,6 +19,9 @@ Fixes applied, as timm applies them when it loads its own checkpoints:
   ``q_bias`` / ``v_bias`` become one ``qkv`` (the key bias is zero: EVA has none, and a
   key bias never changes attention); SwiGLU's ``fc1_x`` / ``fc1_g`` become one ``fc1``
   (``[x, gate]``); ``gamma_1`` / ``gamma_2`` become ``ls1.gamma`` / ``ls2.gamma``.
+* ViTamin: timm's names are ours; an open_clip ViTamin checkpoint (what timm's Hub tags
+  hold) is read as timm reads it: the ``visual.trunk.*`` tensors, ``visual.head.proj`` as
+  the classifier with a zero bias, the text tower left out.
 * Swin: non-persistent buffers (``relative_position_index``, ``attn_mask``) are
   dropped; the original Microsoft layout (patch merging at the *end* of a stage) is
   re-indexed to timm's (at the *start*); ``head.fc`` becomes ``head``.
@@ -38,6 +41,7 @@ from .patch_embed import resample_abs_pos_embed
 from .resnet import ResNet, ResNetConfig
 from .swin import SwinConfig, SwinTransformer
 from .vit import VisionTransformer, ViTConfig
+from .vitamin import Vitamin, VitaminConfig
 
 __all__ = [
     "check_state_dict",
@@ -45,6 +49,7 @@ __all__ = [
     "convert_timm_resnet",
     "convert_timm_swin",
     "convert_timm_vit",
+    "convert_timm_vitamin",
     "eva_to_vit",
     "expected_state_dict_shapes",
 ]
@@ -138,9 +143,17 @@ def eva_to_vit(sd: StateDict) -> StateDict:
 def convert_timm_vit(state_dict: Mapping[str, torch.Tensor], config: ViTConfig) -> StateDict:
     """timm ``VisionTransformer`` (or ``Eva``) state dict ->
     :class:`~attn_vision.vit.VisionTransformer`."""
-    expected = expected_state_dict_shapes(VisionTransformer, config)
+    return _vit_state_dict(eva_to_vit(_unwrap(state_dict)), config, VisionTransformer, "timm ViT")
+
+
+def _vit_state_dict(
+    sd: StateDict, config: ViTConfig, model_cls: type[nn.Module], source: str
+) -> StateDict:
+    """timm ViT names (ours) checked against ``model_cls(config)``, with timm's load-time
+    fixes: unused ``pre_logits`` / MAP head dropped, ``pos_embed`` resampled to the grid."""
+    expected = expected_state_dict_shapes(model_cls, config)
     out: StateDict = {}
-    for k, v in eva_to_vit(_unwrap(state_dict)).items():
+    for k, v in sd.items():
         if k.startswith("pre_logits."):
             continue  # representation layer of old in21k checkpoints; unused (timm drops it too)
         if k.startswith("attn_pool.") and config.global_pool != "map":
@@ -152,8 +165,21 @@ def convert_timm_vit(state_dict: Mapping[str, torch.Tensor], config: ViTConfig) 
                 num_prefix_tokens=0 if config.no_embed_class else config.num_prefix_tokens,
             )
         out[k] = v
-    check_state_dict(out, expected, "timm ViT")
+    check_state_dict(out, expected, source)
     return out
+
+
+def convert_timm_vitamin(
+    state_dict: Mapping[str, torch.Tensor], config: VitaminConfig
+) -> StateDict:
+    """timm ``vitamin_*`` state dict (or open_clip's ViTamin checkpoint) -> :class:`Vitamin`."""
+    sd, trunk = _unwrap(state_dict), "visual.trunk."
+    if any(k.startswith(trunk) for k in sd):  # open_clip's CLIP: timm keeps the image tower
+        proj = sd.get("visual.head.proj.weight")
+        sd = {k[len(trunk) :]: v for k, v in sd.items() if k.startswith(trunk)}
+        if proj is not None and config.num_classes > 0:  # the projection as the classifier
+            sd["head.weight"], sd["head.bias"] = proj, proj.new_zeros(proj.shape[0])
+    return _vit_state_dict(sd, config, Vitamin, "timm ViTamin")
 
 
 def convert_timm_swin(state_dict: Mapping[str, torch.Tensor], config: SwinConfig) -> StateDict:

@@ -22,7 +22,7 @@ A folder written by :func:`save_pretrained` holds ``config.json`` and
 ``model.safetensors`` (attn_vision's state dict); ``config.json`` is::
 
     {"architecture": "vit_tiny_patch16_224",  # the preset (null for a hand-built model)
-     "family": "vit",                          # "vit", "swin", "resnet" or "convnext"
+     "family": "vit",                          # "vit", "swin", "resnet", "convnext", "vitamin"
      "model_args": {...},                      # every field of the config dataclass
      "pretrained_cfg": {...}}                  # model.pretrained_cfg (preprocessing)
 
@@ -50,6 +50,7 @@ from .convert import (
     convert_timm_resnet,
     convert_timm_swin,
     convert_timm_vit,
+    convert_timm_vitamin,
 )
 from .convnext import ConvNeXt, ConvNeXtConfig
 from .pretrained import (
@@ -62,6 +63,7 @@ from .pretrained import (
 from .resnet import ResNet, ResNetConfig
 from .swin import SwinConfig, SwinTransformer
 from .vit import VisionTransformer, ViTConfig
+from .vitamin import Vitamin, VitaminConfig
 
 __all__ = [
     "create_model",
@@ -90,6 +92,7 @@ FAMILIES: dict[str, tuple[type, type[nn.Module], Any]] = {
     "swin": (SwinConfig, SwinTransformer, convert_timm_swin),
     "resnet": (ResNetConfig, ResNet, convert_timm_resnet),
     "convnext": (ConvNeXtConfig, ConvNeXt, convert_timm_convnext),
+    "vitamin": (VitaminConfig, Vitamin, convert_timm_vitamin),
 }
 
 
@@ -215,6 +218,26 @@ _CONVNEXTS = {
 }
 for _name, _args in _CONVNEXTS.items():
     register_model(_name, "convnext", **_args)
+
+# timm's ViTamin: a ViT on a conv stem, GeGLU MLPs, average pooling, no class token;
+# size -> stem width, conv stage widths, ViT width, depth, heads (large2: large's
+# architecture, other weights; xlarge: no position embedding)
+_VITAMINS = {
+    "small": (64, (64, 128), 384, 14, 6),
+    "base": (128, (128, 256), 768, 14, 12),
+    "large": (160, (160, 320), 1024, 31, 16),
+    "large2": (160, (160, 320), 1024, 31, 16),
+    "xlarge": (192, (192, 384), 1152, 32, 16),
+}
+_VITAMIN_SIZES = {"small": (224,), "base": (224,), "xlarge": (256, 336, 384)}
+for _size, (_stem, _dims, _width, _depth, _heads) in _VITAMINS.items():
+    for _img in _VITAMIN_SIZES.get(_size, (224, 256, 336, 384)):
+        _args = dict(stem_width=_stem, conv_dims=_dims, embed_dim=_width, depth=_depth)
+        _pos = "none" if _size == "xlarge" else "learn"
+        register_model(
+            f"vitamin_{_size}_{_img}", "vitamin", img_size=_img, num_heads=_heads,
+            pos_embed=_pos, **_args,
+        )  # fmt: skip
 
 for _attn in ("se", "eca", "cbam", "coord"):
     register_model(f"resnet18_{_attn}", "resnet", timm_weights=False, attn_layer=_attn)
@@ -393,9 +416,10 @@ def _saved_folder(name_or_path: str | os.PathLike) -> Path | None:
 
 
 def _family(model: nn.Module) -> str:
-    for family, (_, model_cls, _) in FAMILIES.items():
-        if isinstance(model, model_cls):
-            return family
+    classes = {model_cls: family for family, (_, model_cls, _) in FAMILIES.items()}
+    for cls in type(model).__mro__:  # the most specific: a Vitamin is a VisionTransformer too
+        if cls in classes:
+            return classes[cls]
     raise TypeError(f"save_pretrained takes an attn_vision model, got {type(model).__name__}")
 
 

@@ -6,7 +6,10 @@ The table holds, for every architecture we build that timm has, timm's pretraine
 come from (:mod:`attn_vision.registry` registers one per entry). The ViT entries are read
 off timm's own model entrypoints (modules ``vision_transformer`` and ``deit``): each is
 called with timm's builder replaced by a recorder of its keyword arguments, which
-:func:`vit_args` translates -- or names what our config cannot express yet.
+:func:`vit_args` translates -- or names what our config cannot express yet. timm's
+``eva`` and ``vitamin`` entrypoints are recorded the same way (:func:`eva_args`,
+:func:`vitamin_args`; the ``vitamin_*`` presets are written out in the registry and a test
+checks them against these; attn_clip translates open_clip's timm towers with both).
 
 Regenerate after upgrading timm or adding a Swin / ResNet preset::
 
@@ -18,6 +21,7 @@ Everything here imports timm lazily; building a model never calls it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from typing import Any
@@ -35,7 +39,9 @@ __all__ = [
     "timm_eva_args",
     "timm_pretrained_table",
     "timm_vit_args",
+    "timm_vitamin_args",
     "vit_args",
+    "vitamin_args",
 ]
 
 # timm modules whose architectures are timm's plain ``VisionTransformer`` (+ DeiT's
@@ -147,33 +153,88 @@ def timm_eva_args() -> dict[str, tuple[dict[str, Any], list[str]]]:
     return {arch: eva_args(kw) for arch, kw in sorted(timm_eva_kwargs().items())}
 
 
+# timm's ViTamin MLP (``mlp_layer``), by qualified name (a recorded kwargs table holds it so)
+GEGLU_MLP = "timm.models.vitamin.GeGluMlp"
+
+
+def _qualname(value: Any) -> Any:
+    return f"{value.__module__}.{value.__qualname__}" if isinstance(value, type) else value
+
+
+def vitamin_args(kwargs: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """timm ViTamin kwargs (a ``VisionTransformer``'s plus ``embed_cfg``, a ``VitCfg`` or
+    its dict) -> ``(VitaminConfig args, what we cannot express)``.
+
+    The conv stem reads only ``embed_cfg.stem_width`` and the first two ``embed_dim`` /
+    ``depths`` entries (the third ``embed_dim`` is the token width); timm's stem ignores
+    ``conv_cfg`` and ``head_type``. ``out_indices`` only concerns feature extraction."""
+    kw = {"global_pool": "token", "class_token": True, "pos_embed": "learn", **kwargs}
+    args: dict[str, Any] = {}
+    unsupported: list[str] = []
+    embed = kw.pop("embed_cfg", None)
+    if embed is not None and not isinstance(embed, dict):
+        embed = dataclasses.asdict(embed)
+    if embed is None or len(embed["embed_dim"]) < 3 or len(embed["depths"]) < 2:
+        unsupported.append(f"embed_cfg={embed!r}")
+    else:
+        args.update(stem_width=embed["stem_width"], conv_dims=tuple(embed["embed_dim"][:2]),
+                    conv_depths=tuple(embed["depths"][:2]))  # fmt: skip
+        if embed["embed_dim"][2] != kw.get("embed_dim", 768):
+            unsupported.append(f"embed_cfg.embed_dim={embed['embed_dim']} (the last must be "
+                               "the ViT's embed_dim)")  # fmt: skip
+    if _qualname(kw.pop("mlp_layer", None)) != GEGLU_MLP:
+        unsupported.append("mlp_layer (ViTamin's is GeGluMlp)")
+    pos = kw.pop("pos_embed")
+    args["pos_embed"] = "none" if pos in ("", "none", None) else pos
+    kw.pop("out_indices", None)
+    for key, value in kw.items():
+        if key == "patch_size" and value != 16:
+            unsupported.append(f"patch_size={value!r} (the conv stem's stride is 16)")
+        elif key != "patch_size":
+            more, bad = vit_args({key: value})
+            args.update(more)
+            unsupported += bad
+    return args, unsupported
+
+
+@functools.cache
+def timm_vitamin_kwargs() -> dict[str, dict[str, Any]]:
+    """``arch -> kwargs`` of every timm ``vitamin`` module architecture (not built)."""
+    import timm
+    from timm.models import vitamin
+
+    return _record(timm.list_models(module="vitamin"), vitamin, "_create_vitamin")
+
+
+def timm_vitamin_args() -> dict[str, tuple[dict[str, Any], list[str]]]:
+    """``arch -> vitamin_args(kwargs)`` for every timm architecture in ``vitamin``."""
+    return {arch: vitamin_args(kw) for arch, kw in sorted(timm_vitamin_kwargs().items())}
+
+
 class _Recorded(Exception):
-    pass
+    """Raised by :func:`_recorder` with the builder's keyword arguments."""
 
 
-def _recorder(captured: dict[str, dict[str, Any]]) -> Any:
-    """A stand-in for a timm model builder that records ``variant -> kwargs`` and stops."""
-
-    def record(variant: str, pretrained: bool = False, **kwargs: Any) -> None:
-        captured[variant] = kwargs
-        raise _Recorded
-
-    return record
+def _recorder(variant: str, pretrained: bool = False, **kwargs: Any) -> None:
+    """A stand-in for a timm model builder: stops the entrypoint, with its kwargs."""
+    raise _Recorded(kwargs)
 
 
 def _record(
     archs: list[str], module: Any, builder: str, captured: dict | None = None
 ) -> dict[str, dict[str, Any]]:
-    """Call each entrypoint with ``module.builder`` replaced by a recorder of its kwargs."""
+    """Call each entrypoint with ``module.builder`` replaced by a recorder of its kwargs;
+    ``arch -> kwargs`` (by the entrypoint's name: timm's ``vitamin_xlarge_336`` passes its
+    builder the variant name ``vitamin_xlarge_256``)."""
     import timm
 
     captured = {} if captured is None else captured
-    with mock.patch.object(module, builder, _recorder(captured)):
+    with mock.patch.object(module, builder, _recorder):
         for arch in archs:
             try:
                 timm.models.model_entrypoint(arch)()
-            except _Recorded:
-                pass
+            except _Recorded as recorded:
+                captured[arch] = recorded.args[0]
     return captured
 
 
@@ -185,8 +246,8 @@ def timm_vit_kwargs() -> dict[str, dict[str, Any]]:
     from timm.models import deit, vision_transformer
 
     archs = timm.list_models(module=list(VIT_MODULES))
-    with mock.patch.object(deit, "_create_deit", _recorder(captured := {})):
-        _record(archs, vision_transformer, "_create_vision_transformer", captured)
+    with mock.patch.object(deit, "_create_deit", _recorder):
+        captured = _record(archs, vision_transformer, "_create_vision_transformer")
     missing = sorted(set(archs) - set(captured))
     if missing:
         raise RuntimeError(f"timm {timm.__version__}: entrypoints not recorded: {missing}")
@@ -289,7 +350,7 @@ def coverage_report(built: set[str], built_tags: set[str]) -> str:
     others = {m: len(a) for m, a in others.items() if a and m not in VIT_MODULES}
     listed = ", ".join(f"{m} ({n})" for m, n in sorted(others.items()))
     lines.append(f"not built, other timm model classes ({sum(others.values())}): {listed}")
-    for module in ("swin_transformer", "resnet", "convnext", "eva"):  # the other families
+    for module in ("swin_transformer", "resnet", "convnext", "eva", "vitamin"):  # the others
         archs = [a for a in timm.list_models(module=module) if not a.startswith("test_")]
         tags = hub_tags(archs)
         missing = sorted(set(archs) - built)
@@ -297,6 +358,6 @@ def coverage_report(built: set[str], built_tags: set[str]) -> str:
             f"timm module {module}:",
             f"  architectures built: {len(built & set(archs))} of {len(archs)}",
             f"  pretrained tags (Hub weights) built: {len(built_tags & tags)} of {len(tags)}",
-            f"  not built ({len(missing)}): {', '.join(missing)}",
+            f"  not built ({len(missing)}): {', '.join(missing) or 'none'}",
         ]
     return "\n".join(lines)
