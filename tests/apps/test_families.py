@@ -1,6 +1,7 @@
 """apps/zero_shot.py and apps/retrieval.py with the other image towers: a ConvNeXt CLIP
-(timm ConvNeXt + open_clip's MLP projection head), an OpenAI ResNet CLIP (ModifiedResNet)
-and an EVA02-CLIP (timm Eva: RoPE, SwiGLU, its classifier head as the projection), tiny
+(timm ConvNeXt + open_clip's MLP projection head), an OpenAI ResNet CLIP (ModifiedResNet),
+an EVA02-CLIP (timm Eva: RoPE, SwiGLU, its classifier head as the projection) and a ViTamin
+CLIP (MBConv stem, GeGLU blocks), tiny
 and random, saved in open_clip's folder layout. Both apps load the folder, zero-shot
 scores equal the library's on the same model, and an index built with the folder answers
 text and image queries with the library's cosines.
@@ -28,7 +29,8 @@ LABELS = ["red circle", "blue square", "green triangle"]
 
 
 def tiny_folder(family: str, folder: Path) -> Path:
-    """A random CLIP of open_clip's ``convnext_large_d`` / ``RN50`` / ``EVA02-B-16`` kind,
+    """A random CLIP of open_clip's ``convnext_large_d`` / ``RN50`` / ``EVA02-B-16`` /
+    ``ViTamin-S`` kind,
     shrunk, saved."""
     import attn_clip
 
@@ -39,6 +41,10 @@ def tiny_folder(family: str, folder: Path) -> Path:
     elif family == "eva":  # 4 x 4 patches, RoPE positions scaled onto its 16 x 16 grid
         cfg = attn_clip.get_model_config("EVA02-B-16")
         vision = replace(cfg.vision, image_size=64, width=32, head_width=16, layers=1)
+    elif family == "vitamin":  # MBConv stem (stride 16) + GeGLU blocks, average pooled
+        cfg = attn_clip.get_model_config("ViTamin-S")
+        stem = {"stem_width": 8, "conv_dims": (8, 16), "conv_depths": (1, 1), "pos_embed": "learn"}
+        vision = replace(cfg.vision, image_size=64, width=32, head_width=16, layers=1, vitamin=stem)
     else:
         cfg = attn_clip.get_model_config("RN50")
         vision = replace(cfg.vision, image_size=64, layers=(1, 1, 1, 1), width=8, head_width=32)
@@ -104,14 +110,15 @@ def test_zero_shot_script_with_a_resnet_folder(gallery, tmp_path):
     torch.testing.assert_close(torch.tensor([got[label] for label in LABELS]), want)
 
 
-@pytest.mark.parametrize("family", ["convnext", "resnet", "eva"])
+@pytest.mark.parametrize("family", ["convnext", "resnet", "eva", "vitamin"])
 def test_zero_shot_and_retrieval_apps(family, gallery, tmp_path, capsys, monkeypatch):
     import attn_clip
 
     folder = tiny_folder(family, tmp_path / family)
     model = attn_clip.create_model(str(folder))
-    assert model.config.vision.tower == {"eva": "vit"}.get(family, family)
+    assert model.config.vision.tower == {"eva": "vit", "vitamin": "vit"}.get(family, family)
     assert (model.config.vision.eva is not None) == (family == "eva")
+    assert (model.config.vision.vitamin is not None) == (family == "vitamin")
 
     zero_shot = load_app("zero_shot", monkeypatch)
     assert zero_shot.main(["--model", str(folder), "--images", str(gallery), "--labels",
