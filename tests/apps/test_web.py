@@ -403,6 +403,9 @@ def server(index_path, tmp_path_factory):
         stderr=err,
         env=env,
         cwd=ROOT,
+        # Ctrl-C as in a terminal, even when the tests themselves run in the background
+        # (`cmd &` starts them with SIGINT ignored, and Python keeps an ignored SIGINT)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 180
     while "serving" not in (logs / "stdout").read_text():
