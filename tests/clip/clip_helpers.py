@@ -66,3 +66,23 @@ def make_open_clip(cfg: dict) -> torch.nn.Module:
 
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.float() - b.float()).abs().max().item()
+
+
+def open_clip_inputs(ref: torch.nn.Module, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two random images at ``ref``'s size and three captions in open_clip's tokenization
+    for the config ``name``."""
+    tokens = open_clip.get_tokenizer(name)(["a photo of a dog", "a cat on a mat", ""])
+    return torch.randn(2, 3, *ref.visual.image_size), tokens
+
+
+def save_checkpoint(sd: dict, path) -> str:
+    """``sd`` written as open_clip's checkpoints are: safetensors for ``*.safetensors``, a
+    ``torch.save`` file otherwise."""
+    from safetensors.torch import save_file
+
+    sd = {k: v.contiguous() for k, v in sd.items()}
+    if str(path).endswith(".safetensors"):
+        save_file(sd, str(path))
+    else:
+        torch.save(sd, path)
+    return str(path)

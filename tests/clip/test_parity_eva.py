@@ -20,7 +20,7 @@ import pytest
 import timm
 import torch
 from attn_clip import CLIPConfig, create_model, get_model_config, save_pretrained, to_open_clip
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch.testing import assert_close
 
 TOL = {"atol": 1e-4, "rtol": 1e-4}
@@ -61,24 +61,10 @@ def _open_clip_eva(name: str, monkeypatch, custom_text: bool = True) -> torch.nn
 OVERRIDES = {"vision": {"layers": DEPTH}, "text": {"layers": DEPTH}}
 
 
-def _inputs(ref: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-    tokens = open_clip.get_tokenizer("EVA02-B-16")(["a photo of a dog", "a cat on a mat", ""])
-    return torch.randn(2, 3, *ref.visual.image_size), tokens
-
-
-def _save(sd: dict, path) -> str:
-    sd = {k: v.contiguous() for k, v in sd.items()}
-    if str(path).endswith(".safetensors"):
-        save_file(sd, str(path))
-    else:
-        torch.save(sd, path)
-    return str(path)
-
-
 @pytest.mark.parametrize(("name", "filename"), CASES)
-def test_open_clip_eva_checkpoint_files(tmp_path, monkeypatch, name, filename):
+def test_open_clip_eva_checkpoint_files(tmp_path, monkeypatch, name, filename, h):
     ref = _open_clip_eva(name, monkeypatch)
-    images, tokens = _inputs(ref)
+    images, tokens = h.open_clip_inputs(ref, "EVA02-B-16")
     with torch.no_grad():
         ref_image, ref_text = ref.encode_image(images), ref.encode_text(tokens)
         image_n, text_n, scale = ref(images, tokens)[:3]  # normalized, exp(logit_scale)
@@ -88,7 +74,7 @@ def test_open_clip_eva_checkpoint_files(tmp_path, monkeypatch, name, filename):
     assert "visual.trunk.head.bias" in sd  # timm's classifier is the projection
     rope = name.startswith("EVA02")
     assert ("visual.trunk.blocks.0.attn.k_proj.weight" in sd) == rope  # else a fused qkv
-    path = _save(sd, tmp_path / filename)
+    path = h.save_checkpoint(sd, tmp_path / filename)
     ours = create_model(name, pretrained=path, **OVERRIDES)
     v = ours.config.vision
     assert (v.proj_type, v.eva["rope"], v.eva["qkv_fused"]) == ("head", rope, not rope)
@@ -109,12 +95,12 @@ def test_open_clip_eva_checkpoint_files(tmp_path, monkeypatch, name, filename):
     assert all(torch.equal(back[k], t) for k, t in want.items())
 
 
-def test_eva_save_pretrained_round_trips_and_loads_in_open_clip(tmp_path, monkeypatch):
+def test_eva_save_pretrained_round_trips_and_loads_in_open_clip(tmp_path, monkeypatch, h):
     """save_pretrained writes open_clip's layout with timm Eva's block names; the shrunk
     tower's timm arguments go to ``timm_model_args`` (attn_clip reads them back exactly;
     open_clip, given the same depth, loads the weights)."""
     ref = _open_clip_eva("EVA02-B-16", monkeypatch)
-    path = _save(ref.state_dict(), tmp_path / "w.safetensors")
+    path = h.save_checkpoint(ref.state_dict(), tmp_path / "w.safetensors")
     ours = create_model("EVA02-B-16", pretrained=path, **OVERRIDES)
     save_pretrained(ours, tmp_path / "saved")
     back = create_model(str(tmp_path / "saved"))
@@ -125,7 +111,7 @@ def test_eva_save_pretrained_round_trips_and_loads_in_open_clip(tmp_path, monkey
     assert vision_cfg["timm_proj"] is None and vision_cfg["timm_model_args"]["depth"] == DEPTH
     twin = _open_clip_eva("EVA02-B-16", monkeypatch, custom_text=False)
     twin.load_state_dict(load_file(str(tmp_path / "saved" / "open_clip_model.safetensors")))
-    images, tokens = _inputs(ref)
+    images, tokens = h.open_clip_inputs(ref, "EVA02-B-16")
     with torch.no_grad():
         assert_close(twin.encode_image(images), ref.encode_image(images), **TOL)
         assert_close(twin.encode_text(tokens), ref.encode_text(tokens), **TOL)
@@ -162,9 +148,10 @@ def test_eva_configs_and_refusals():
         type(v)(act="swiglu")
 
 
-def test_incomplete_eva_block_is_named(tmp_path, monkeypatch):
+def test_incomplete_eva_block_is_named(tmp_path, monkeypatch, h):
     ref = _open_clip_eva("EVA02-B-16", monkeypatch)
     sd = dict(ref.state_dict())
     del sd["visual.trunk.blocks.1.attn.k_proj.weight"]
+    path = h.save_checkpoint(sd, tmp_path / "w.bin")
     with pytest.raises(ValueError, match=r"blocks\.1\.attn\.k_proj\.weight"):
-        create_model("EVA02-B-16", pretrained=_save(sd, tmp_path / "w.bin"), **OVERRIDES)
+        create_model("EVA02-B-16", pretrained=path, **OVERRIDES)

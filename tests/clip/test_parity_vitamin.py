@@ -19,7 +19,7 @@ import pytest
 import timm
 import torch
 from attn_clip import CLIPConfig, create_model, get_model_config, save_pretrained, to_open_clip
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch.testing import assert_close
 
 TOL = {"atol": 1e-4, "rtol": 1e-4}
@@ -50,24 +50,10 @@ def _open_clip_vitamin(name: str, monkeypatch, custom_text: bool = True) -> torc
     return ref.eval()
 
 
-def _inputs(ref: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-    tokens = open_clip.get_tokenizer("ViTamin-S")(["a photo of a dog", "a cat on a mat", ""])
-    return torch.randn(2, 3, *ref.visual.image_size), tokens
-
-
-def _save(sd: dict, path) -> str:
-    sd = {k: v.contiguous() for k, v in sd.items()}
-    if str(path).endswith(".safetensors"):
-        save_file(sd, str(path))
-    else:
-        torch.save(sd, path)
-    return str(path)
-
-
 @pytest.mark.parametrize(("name", "filename"), CASES)
-def test_open_clip_vitamin_checkpoint_files(tmp_path, monkeypatch, name, filename):
+def test_open_clip_vitamin_checkpoint_files(tmp_path, monkeypatch, name, filename, h):
     ref = _open_clip_vitamin(name, monkeypatch)
-    images, tokens = _inputs(ref)
+    images, tokens = h.open_clip_inputs(ref, "ViTamin-S")
     with torch.no_grad():
         ref_image, ref_text = ref.encode_image(images), ref.encode_text(tokens)
         image_n, text_n, scale = ref(images, tokens)[:3]  # normalized, exp(logit_scale)
@@ -76,7 +62,7 @@ def test_open_clip_vitamin_checkpoint_files(tmp_path, monkeypatch, name, filenam
     sd = ref.state_dict()
     assert "visual.head.proj.weight" in sd and "visual.head.proj.bias" not in sd
     assert ("visual.trunk.pos_embed" in sd) == (name == "ViTamin-S")
-    path = _save(sd, tmp_path / filename)
+    path = h.save_checkpoint(sd, tmp_path / filename)
     ours = create_model(name, pretrained=path, **OVERRIDES)
     assert ours.config.vision.vitamin is not None
     with torch.no_grad():
@@ -92,12 +78,12 @@ def test_open_clip_vitamin_checkpoint_files(tmp_path, monkeypatch, name, filenam
     assert all(torch.equal(back[k], t) for k, t in want.items())
 
 
-def test_vitamin_save_pretrained_round_trips_and_loads_in_open_clip(tmp_path, monkeypatch):
+def test_vitamin_save_pretrained_round_trips_and_loads_in_open_clip(tmp_path, monkeypatch, h):
     """save_pretrained writes open_clip's layout; the shrunk tower's timm arguments go to
     ``timm_model_args`` (attn_clip reads them back exactly; open_clip, given the same
     depth, loads the weights)."""
     ref = _open_clip_vitamin("ViTamin-S", monkeypatch)
-    path = _save(ref.state_dict(), tmp_path / "w.safetensors")
+    path = h.save_checkpoint(ref.state_dict(), tmp_path / "w.safetensors")
     ours = create_model("ViTamin-S", pretrained=path, **OVERRIDES)
     save_pretrained(ours, tmp_path / "saved")
     back = create_model(str(tmp_path / "saved"))
@@ -109,7 +95,7 @@ def test_vitamin_save_pretrained_round_trips_and_loads_in_open_clip(tmp_path, mo
     assert "timm_model_args" not in get_model_config("ViTamin-S").to_open_clip()["vision_cfg"]
     twin = _open_clip_vitamin("ViTamin-S", monkeypatch, custom_text=False)
     twin.load_state_dict(load_file(str(tmp_path / "saved" / "open_clip_model.safetensors")))
-    images, tokens = _inputs(ref)
+    images, tokens = h.open_clip_inputs(ref, "ViTamin-S")
     with torch.no_grad():
         assert_close(twin.encode_image(images), ref.encode_image(images), **TOL)
         assert_close(twin.encode_text(tokens), ref.encode_text(tokens), **TOL)
