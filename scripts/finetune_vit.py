@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--label-smoothing", type=float, default=0.1, help="cross-entropy smoothing")
     g.add_argument("--layer-decay", type=float, default=None, help="e.g. 0.75 (ViT / Swin)")
     g.add_argument("--ema-decay", type=float, default=None, help="EMA of the weights, e.g. 0.9998")
-    cli.add_run_args(p.add_argument_group("run"), log_every=20, save_every=500)
+    cli.add_run_args(p.add_argument_group("run"), log_every=20, save_every=500, fsdp=True)
     return p
 
 

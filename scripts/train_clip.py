@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--loss", choices=["clip", "siglip"], default="clip", help="InfoNCE or sigmoid")
     cli.add_schedule_args(g, epochs=10, batch_size=128, lr=1e-3, warmup=100)
     cli.add_optimizer_args(g, wd=0.1, min_lr_ratio=0.0, betas=(0.9, 0.98), eps=1e-6)
-    cli.add_run_args(g := p.add_argument_group("run"), log_every=20, save_every=200)
+    cli.add_run_args(g := p.add_argument_group("run"), log_every=20, save_every=200, fsdp=True)
     g.add_argument("--export-fp16", type=Path, help="also write fp16 open_clip weights here")
     return p
 

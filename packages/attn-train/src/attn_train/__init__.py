@@ -3,7 +3,9 @@
 * :mod:`~attn_train.loop` -- :func:`start_run`, :func:`fit` (accumulation, AMP, clipping,
   schedules, NaN / inf stop, JSONL + console log, periodic eval and checkpoints, EMA).
 * :mod:`~attn_train.checkpoint` -- atomic checkpoint directories, exact resume.
-* :mod:`~attn_train.distributed` -- one process or ``torchrun`` DDP (gloo on CPU).
+* :mod:`~attn_train.distributed` -- one process or ``torchrun`` DDP (gloo on CPU);
+  :mod:`~attn_train.fsdp` -- ``--fsdp``: FSDP2 sharding, sharded checkpoints (imported by
+  :func:`fit` only when used).
 * :mod:`~attn_train.data` -- resumable loaders, image-caption CSVs, ImageFolders that skip
   unreadable images; :mod:`~attn_train.text` -- TSV pairs, labelled CSVs and their encoded
   data sets, a character vocabulary, token windows.

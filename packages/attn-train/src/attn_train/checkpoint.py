@@ -6,6 +6,9 @@ A checkpoint is a directory (``OUT/last``, ``OUT/best``)::
     ema.safetensors      the EMA weights, when training keeps an EMA
     trainer_state.pt     progress (step, epoch, batches seen ...), optimizer, scheduler,
                          scaler and every rank's RNG state (read with ``weights_only=True``)
+    dcp/                 under --fsdp: the weights and optimizer state, one file per rank
+                         (torch.distributed.checkpoint), resumed from; model.safetensors
+                         still holds the whole weights (gathered to rank 0)
 
 It is assembled as ``NAME.tmp`` and swapped in with ``os.replace`` (the previous one is
 parked as ``NAME.old`` for the instant of the swap), so a crash -- even ``kill -9`` while
@@ -17,9 +20,11 @@ fit the model) raises :class:`ResumeError`: one line naming the file and how to 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -40,6 +45,7 @@ __all__ = [
 ]
 
 MODEL, EMA, STATE = "model.safetensors", "ema.safetensors", "trainer_state.pt"
+SHARDS = "dcp"  # --fsdp
 T = TypeVar("T")
 
 
@@ -84,6 +90,12 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _fsdp(model: nn.Module) -> Any:
+    """:mod:`attn_train.fsdp` if ``model`` was sharded by it, else None (never imports it)."""
+    fsdp = sys.modules.get(f"{__package__}.fsdp")
+    return fsdp if fsdp is not None and isinstance(model, fsdp.FSDPModule) else None
+
+
 def _ema_generator(ema: nn.Module | None) -> torch.Generator | None:
     """timm's ``ModelEmaV3`` rounds bf16 EMA tensors stochastically with a private RNG."""
     return getattr(ema, "_sr_generator", None)
@@ -117,32 +129,39 @@ def save_checkpoint(
     else:
         rngs = [_rng_state()]
     directory = Path(directory)
+    tmp = directory.with_name(directory.name + ".tmp")
+    old = directory.with_name(directory.name + ".old")
     if d.is_main:
-        tmp = directory.with_name(directory.name + ".tmp")
-        old = directory.with_name(directory.name + ".old")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        if write_files is not None:
-            write_files(tmp)
-        if not (tmp / MODEL).is_file():
-            save_model(unwrap(model), str(tmp / MODEL))
-        if ema is not None:
-            save_model(ema.module, str(tmp / EMA))
-        gen = _ema_generator(ema)
-        state = {
-            "progress": dict(progress),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict() if scheduler is not None else None,
-            "scaler": scaler.state_dict() if scaler is not None else None,
-            "ema_rng": gen.get_state() if gen is not None else None,
-            "rng": rngs,
-        }
-        torch.save(state, tmp / STATE)
-        if directory.exists():
+    fsdp = _fsdp(model)
+    if fsdp is not None:  # every rank writes its shards; then rank 0 gets whole weights
+        barrier(d)
+        fsdp.save_sharded(tmp / SHARDS, model, optimizer)
+    with fsdp.full_weights(model) if fsdp is not None else contextlib.nullcontext():
+        if d.is_main:
+            if write_files is not None:
+                write_files(tmp)
+            if not (tmp / MODEL).is_file():
+                save_model(unwrap(model), str(tmp / MODEL))
+            if ema is not None:
+                save_model(ema.module, str(tmp / EMA))
+            gen = _ema_generator(ema)
+            state = {
+                "progress": dict(progress),
+                "optimizer": optimizer.state_dict() if fsdp is None else None,  # else in dcp/
+                "scheduler": scheduler.state_dict() if scheduler is not None else None,
+                "scaler": scaler.state_dict() if scaler is not None else None,
+                "ema_rng": gen.get_state() if gen is not None else None,
+                "rng": rngs,
+                "sharded": fsdp is not None,
+            }
+            torch.save(state, tmp / STATE)
+            if directory.exists():
+                shutil.rmtree(old, ignore_errors=True)
+                os.replace(directory, old)
+            os.replace(tmp, directory)
             shutil.rmtree(old, ignore_errors=True)
-            os.replace(directory, old)
-        os.replace(tmp, directory)
-        shutil.rmtree(old, ignore_errors=True)
     barrier(d)
     return directory if d.is_main else None
 
@@ -200,10 +219,24 @@ def load_checkpoint(
     found = find_checkpoint(directory)
     if found is None:
         raise FileNotFoundError(f"no checkpoint in {directory}")
-    _load_weights(unwrap(model), found / MODEL, d)
+    fsdp = _fsdp(model)
+    if fsdp is None:
+        _load_weights(unwrap(model), found / MODEL, d)
     state = read_checkpoint_file(found / STATE, _read_state)
+    if bool(state.get("sharded")) != (fsdp is not None):
+        was, run = ("with", "add") if state.get("sharded") else ("without", "leave out")
+        raise ResumeError(
+            f"cannot resume: {found} was written {was} --fsdp ({run} --fsdp to resume from "
+            f"it). Start fresh with --no-resume, or remove {found}"
+        )
+    if fsdp is not None:
+        try:
+            fsdp.load_sharded(found / SHARDS, model, optimizer)
+        except Exception as e:
+            fits = any(w in str(e).lower() for w in ("missing key", "mismatch", "unexpected"))
+            raise _resume_error(found / SHARDS, e, fits=fits) from None
     try:
-        if optimizer is not None:
+        if optimizer is not None and fsdp is None:
             optimizer.load_state_dict(state["optimizer"])
         if scheduler is not None and state["scheduler"] is not None:
             scheduler.load_state_dict(state["scheduler"])

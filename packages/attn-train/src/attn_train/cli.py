@@ -94,9 +94,10 @@ def add_subcommand(
 # -- the shared flags ----------------------------------------------------------------------
 
 
-def add_run_args(p: Any, *, log_every: int = 20, save_every: int = 500) -> None:
+def add_run_args(p: Any, *, log_every: int = 20, save_every: int = 500, fsdp: bool = False) -> None:
     """``--out --seed --device --threads --precision --log-every --save-every --no-resume
-    --quiet`` on a parser or argument group (read by :func:`attn_train.start_run`)."""
+    --quiet`` (and ``--fsdp`` with ``fsdp=True``) on a parser or argument group (read by
+    :func:`attn_train.start_run`)."""
     p.add_argument(
         "--out", type=Path, required=True, help="run folder (rerun the same command to resume)"
     )
@@ -114,6 +115,13 @@ def add_run_args(p: Any, *, log_every: int = 20, save_every: int = 500) -> None:
     p.add_argument("--no-resume", action="store_true", help="start over even if OUT/last exists")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--debug-nan-at-step", type=int, default=None, help=argparse.SUPPRESS)
+    if fsdp:
+        p.add_argument(
+            "--fsdp",
+            action="store_true",
+            help="under torchrun: shard weights, gradients and optimizer state over the "
+            "processes (PyTorch FSDP2, per block; activation checkpointing on)",
+        )
 
 
 def add_schedule_args(p: Any, *, epochs: int, batch_size: int, lr: float, warmup: int) -> None:
@@ -234,6 +242,12 @@ def check_run_args(args: Any) -> None:
     out = getattr(args, "out", None)
     if out is not None and Path(out).exists() and not Path(out).is_dir():
         raise ValueError(f"--out {out} is a file, not a folder")
+    if getattr(args, "fsdp", False):
+        for flag in ("--ema-decay", "--wise-ft-alpha"):  # each keeps a whole copy of the model
+            if getattr(args, flag[2:].replace("-", "_"), None) is not None:
+                raise ValueError(f"{flag} is not supported with --fsdp (it needs whole weights)")
+        if getattr(args, "precision", None) == "fp16":  # the loss scaler sees one shard's grads
+            raise ValueError("--precision fp16 is not supported with --fsdp: use bf16 or fp32")
 
 
 def require_file(path: str | os.PathLike | None, flag: str) -> None:

@@ -26,7 +26,7 @@ A pass over the data in which more than ``warn_skipped_fraction`` of the items w
 unreadable warns (:class:`SkippedImagesWarning`, once a run); one in which none was readable
 stops the run (:class:`UnreadableDataError`). Ctrl-C raises :class:`TrainingInterrupted`,
 whose message names the last checkpoint. The progress bar counts the updates this run will
-make (one bar for the run).
+make (one bar for the run). ``--fsdp`` shards the model with FSDP2 (:mod:`attn_train.fsdp`).
 A recipe whose update is not "sum of micro-batch losses" (CLIP's exact contrastive
 accumulation) passes ``step_fn`` instead of ``loss_fn``: it gets the update's micro-batches
 and a :class:`StepContext`, and must call ``ctx.check(loss)`` before any backward.
@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -101,6 +102,7 @@ class Run:
     out: Path  # the run directory
     resume: bool  # OUT/last holds a complete checkpoint and --no-resume was not given
     seed: int = 0
+    fsdp: bool = False  # --fsdp: fit() shards the model (attn_train.fsdp) instead of DDP
 
     @property
     def last(self) -> Path:
@@ -124,16 +126,23 @@ class Run:
 
 def start_run(args: Any) -> Run:
     """Set up a run from the flags every recipe shares (``--device --threads --seed
-    --precision --out --no-resume``, see :func:`attn_train.cli.add_run_args`): check them
-    (``ValueError``), join the process group, seed every RNG, resolve the precision, look
-    for ``OUT/last``. Nothing is written: ``OUT`` is made by the first log record."""
+    --precision --out --no-resume [--fsdp]``, see :func:`attn_train.cli.add_run_args`): check
+    them (``ValueError``; ``--fsdp`` without torchrun is one), join the process group, seed
+    every RNG, resolve the precision, look for ``OUT/last``. Nothing is written: ``OUT`` is
+    made by the first log record."""
     check_run_args(args)
     d = setup_distributed(args.device, args.threads)
+    fsdp = bool(getattr(args, "fsdp", False))
+    if fsdp and not dist.is_initialized():
+        raise ValueError(
+            "--fsdp shards the model over the processes of torchrun: launch with "
+            "'torchrun --nproc-per-node N SCRIPT ...' (in one process, leave out --fsdp)"
+        )
     seed_everything(args.seed, d.rank)
     precision = resolve_precision(args.precision, d.device)
     out = Path(args.out)
     resume = not args.no_resume and find_checkpoint(out / "last") is not None
-    return Run(d, precision, RunLogger(out / "log.jsonl", d), out, resume, args.seed)
+    return Run(d, precision, RunLogger(out / "log.jsonl", d), out, resume, args.seed, fsdp)
 
 
 # -- NaN / inf -----------------------------------------------------------------------------
@@ -381,6 +390,10 @@ def fit(
     after every update with the update count, saved and restored). ``train_mode(model)``
     replaces ``model.train()`` (e.g. to keep a frozen tower in eval mode).
     ``after_update()`` runs after every update and may return extra log fields.
+    With ``run.fsdp`` (``--fsdp``) the model is sharded in place with FSDP2 instead of DDP
+    (:mod:`attn_train.fsdp`; no ``ema``): ``evaluate()`` and ``write_files`` still run on rank
+    0 only, on gathered weights, and after ``fit`` ``model.state_dict()`` returns the whole
+    trained weights (on rank 0, CPU), so a recipe saves them as usual.
 
     Returns ``step``, ``skipped_images``, the mean loss of the first and last few updates
     (``first_loss``, ``last_loss``), ``eval`` (the last evaluation's metrics, on rank 0) and
@@ -392,7 +405,14 @@ def fit(
         raise TypeError("give fit() exactly one of loss_fn or step_fn")
     step_fn = step_fn or loss_step(loss_fn)  # type: ignore[arg-type]
     d, log, last, cfg = run.d, run.log, run.last, config
-    ddp_model = wrap_ddp(model, d)
+    if run.fsdp:  # FSDP2: the model is sharded in place (attn_train.fsdp)
+        from . import fsdp
+
+        if ema is not None:
+            raise ValueError("an EMA of the weights is not supported with --fsdp")
+        ddp_model = fsdp.shard(model, optimizer, d, run.precision)
+    else:
+        ddp_model = wrap_ddp(model, d)
     scaler = make_scaler(d.device, run.precision)
     sampler = loader.sampler
     set_train = train_mode or (lambda m: m.train())
@@ -443,17 +463,19 @@ def fit(
 
     def run_eval() -> None:
         better = False
-        if evaluate is not None and d.is_main:
-            with _keep_rng(d.device):  # evaluating never shifts the training randomness
-                metrics = evaluate()
-            set_train(ddp_model)
-            record = {"step": progress["step"], "epoch": progress["epoch"], **metrics}
-            log.log({"event": cfg.eval_event, **record})
-            result["eval"] = metrics
-            if cfg.best_metric is not None:
-                value, best = metrics[cfg.best_metric], progress["best"]
-                better = best is None or value > best
-                progress["best"] = value if better else best
+        gather = run.fsdp and evaluate is not None  # every rank gathers, rank 0 evaluates
+        with fsdp.gathered(model) if gather else contextlib.nullcontext():
+            if evaluate is not None and d.is_main:
+                with _keep_rng(d.device):  # evaluating never shifts the training randomness
+                    metrics = evaluate()
+                set_train(ddp_model)
+                record = {"step": progress["step"], "epoch": progress["epoch"], **metrics}
+                log.log({"event": cfg.eval_event, **record})
+                result["eval"] = metrics
+                if cfg.best_metric is not None:
+                    value, best = metrics[cfg.best_metric], progress["best"]
+                    better = best is None or value > best
+                    progress["best"] = value if better else best
         if all_reduce_mean(float(better), d) > 0:  # rank 0 decides for everyone
             save("best")
 
@@ -495,6 +517,8 @@ def fit(
                     continue
                 loss = step_fn(micro, ctx)  # forward + check + backward
                 micro = []
+                if run.fsdp:
+                    fsdp.sync_replicated_grads(model)
                 scaler.unscale_(optimizer)
                 if cfg.grad_clip:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -537,6 +561,8 @@ def fit(
     finally:
         if bar is not None:
             bar.close()
+    if run.fsdp:  # the recipe's rank-0 code after fit() reads whole weights
+        fsdp.pin_full_weights(model)
     if losses:
         k = max(1, min(5, len(losses) // 4))
         result.update(first_loss=sum(losses[:k]) / k, last_loss=sum(losses[-k:]) / k)
