@@ -148,14 +148,14 @@ def test_demo_shapes_loads_offline_and_names_unseen_pairs(monkeypatch):
     samples = shapes.make_dataset(30, seed=2024, split="heldout", image_size=48)
     want = [f"{s.colour} {s.shape}" for s in samples]
     got = top1(demo, [s.image() for s in samples], names)
-    assert sum(g == w for g, w in zip(got, want, strict=True)) >= 21, got  # unseen pairs (23)
+    assert sum(g == w for g, w in zip(got, want, strict=True)) >= 21, got  # unseen pairs (28)
     # the same scenes rendered at 96 px, resized by the model's own preprocessing
     big = [
         shapes.render_shape(s.colour, s.shape, s.size, s.position, s.seed, image_size=96)
         for s in samples
     ]
     got = top1(demo, big, names)
-    assert sum(g == w for g, w in zip(got, want, strict=True)) >= 22, got  # (25 of 30)
+    assert sum(g == w for g, w in zip(got, want, strict=True)) >= 22, got  # (28 of 30)
 
 
 def test_independent_renderer_draws_what_it_says():
