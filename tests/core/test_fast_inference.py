@@ -256,6 +256,17 @@ def test_conv_bn_act_equals_the_modules(case, dtype):
         assert out.is_contiguous(memory_format=torch.channels_last)
 
 
+def test_conv_bn_act_on_inference_tensors_folds_without_a_cache():
+    with torch.inference_mode():  # weights made here have no version counter
+        conv, bn = _conv_bn()
+        conv, bn = conv.to(torch.bfloat16), bn.to(torch.bfloat16)
+        x = torch.randn(1, 8, 9, 9, dtype=torch.bfloat16)
+        release_packed_weights()
+        out = conv_bn_act(conv, bn, x, nn.ReLU())
+        assert conv.weight not in fast_inference._folded
+        assert_close(out.float(), torch.relu(bn(conv(x))).float(), atol=0.05, rtol=0.02)
+
+
 def test_conv_bn_act_refolds_when_weights_or_statistics_change():
     conv, bn = _conv_bn()
     x = torch.randn(1, 8, 9, 9)

@@ -394,8 +394,10 @@ def _folded_conv(
     tensors = (conv.weight, conv.bias)
     if bn is not None:
         tensors += (bn.weight, bn.bias, bn.running_mean, bn.running_var)
-    key = (dtype, *(_tensor_key(t) for t in tensors))
-    entry = _folded.get(conv.weight)
+    # inference tensors have no version counter: cannot tell when they change, fold each call
+    cache = not any(t is not None and t.is_inference() for t in tensors)
+    key = (dtype, *(_tensor_key(t) for t in tensors)) if cache else None
+    entry = _folded.get(conv.weight) if cache else None
     if entry is not None and entry[0] == key:
         return entry[1]
     if _optimizer_hook is None:
@@ -414,7 +416,7 @@ def _folded_conv(
         weight, bias = weight * scale[:, None, None, None], shift
     weight = weight.to(dtype).contiguous(memory_format=torch.channels_last)
     folded = (weight, None if bias is None else bias.to(dtype))
-    if not conv.weight.is_inference():  # (inference tensors have no version counter)
+    if cache:
         _folded[conv.weight] = (key, folded)
     return folded
 
