@@ -42,3 +42,27 @@ def test_pooled_features_reset_classifier_and_bad_configs(timm_checkpoint):
         ConvNeXtConfig(depths=(1, 1, 1))
     with pytest.raises(ValueError, match="image batch"):
         ours(torch.randn(1, 1, 64, 64))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fast_inference_equals_the_plain_modules(dtype):
+    """The fast path (oneDNN depthwise conv, fused Linear + GELU) gives the plain forward's
+    numbers, runs only without autograd, and set_fast_inference(False) turns it off."""
+    from attn_core import fast_inference
+
+    torch.manual_seed(0)
+    model = ConvNeXt(ConvNeXtConfig(depths=SHRUNK, dims=(16, 32, 48, 64), num_classes=3))
+    with torch.no_grad():  # LayerScale at 1e-6 would hide the blocks: make them count
+        for name, p in model.named_parameters():
+            if name.endswith("gamma"):
+                p.fill_(0.5)
+    model = model.eval().to(dtype)
+    x = torch.randn(2, 3, 64, 64, dtype=dtype)
+    fast_inference.release_packed_weights()
+    with torch.no_grad():
+        fast = model(x)
+        assert model.stages[0].blocks[0].mlp.fc1.weight in fast_inference._packed
+        plain = model.set_fast_inference(False)(x)
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 0.05, "rtol": 0.05}
+    torch.testing.assert_close(fast.float(), plain.float(), **tol)
+    assert not any(getattr(m, "fast_inference", False) for m in model.modules())

@@ -28,6 +28,8 @@ each step exact up to float rounding (tests/core/test_fast_inference.py):
   cache is when decoding) and runs rows in groups of similar length;
 * :func:`patchify` computes a patch-embedding convolution as one fused product on
   flattened patches;
+* :func:`linear_act` is one such fused Linear (+ activation) for models outside the
+  blocks (ConvNeXt's MLPs);
 * :func:`conv_bn_act` runs ``act(bn(conv(x)) + residual)`` of convolutional networks
   (ResNets) as one oneDNN convolution in channels-last memory, the BatchNorm folded into a
   cached copy of the conv weights (re-folded when any of them changes, like the packing).
@@ -57,6 +59,7 @@ __all__ = [
     "compile_module",
     "conv_bn_act",
     "fast_path_available",
+    "linear_act",
     "patchify",
     "release_packed_weights",
     "run_blocks",
@@ -204,6 +207,24 @@ def _linear(
         out = out.mul_(torch.sigmoid(1.702 * out)) if type(act) is QuickGELU else act(out)
     # (oneDNN's fused "add" epilogue measured slower than this in-place add)
     return out if residual is None else out.add_(residual)
+
+
+def linear_act(
+    linear: nn.Linear, x: torch.Tensor, act: nn.Module | None = None, enabled: bool = True
+) -> torch.Tensor:
+    """``act(linear(x))``: one oneDNN product on pre-packed weights with the activation fused
+    where the fast path is available (``enabled``, a plain ``nn.Linear`` of ``x``'s dtype),
+    the modules elsewhere."""
+    if (
+        enabled
+        and fast_path_available(x)
+        and type(linear) is nn.Linear
+        and linear.weight.dtype == x.dtype
+        and not torch.compiler.is_compiling()
+    ):
+        return _linear(x, linear.weight, linear.bias, act)
+    x = linear(x)
+    return x if act is None else act(x)
 
 
 def _register_compile_op() -> None:

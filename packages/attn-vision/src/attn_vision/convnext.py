@@ -10,6 +10,12 @@ the pool). Parameter names are timm's (``stem.{0,1}``, ``stages.{i}.downsample.{
 ``stages.{i}.blocks.{j}.conv_dw`` / ``norm`` / ``mlp.fc1`` / ``mlp.fc2`` / ``gamma``,
 ``head.norm``, ``head.pre_logits.fc``, ``head.fc``), so timm checkpoints load unchanged.
 ``conv_mlp`` (timm's atto ... nano) keeps timm's 1x1-conv MLP layout.
+
+Inference fast path (``set_fast_inference``, on by default): the depthwise convolutions and
+the MLPs' Linear layers run through :func:`attn_core.fast_inference.conv_bn_act` /
+:func:`~attn_core.fast_inference.linear_act` (oneDNN, pre-packed weights, GELU fused,
+channels-last) where they apply (CPU, eval, no autograd); elsewhere the same calls run the
+modules, so there is one forward.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 from attn_core import DropPath
+from attn_core.fast_inference import conv_bn_act, linear_act
 from torch import nn
 
 __all__ = ["ConvNeXt", "ConvNeXtBlock", "ConvNeXtConfig", "LayerNorm2d"]
@@ -69,9 +76,12 @@ class _Mlp(nn.Module):
         super().__init__()
         layer = (lambda i, o: nn.Conv2d(i, o, 1)) if conv else nn.Linear
         self.fc1, self.act, self.fc2 = layer(dim, hidden), nn.GELU(), layer(hidden, dim)
+        self.fast_inference = not conv  # see ConvNeXt.set_fast_inference
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(x)))
+        if not self.fast_inference:  # (also the 1x1-conv layout)
+            return self.fc2(self.act(self.fc1(x)))
+        return linear_act(self.fc2, linear_act(self.fc1, x, self.act))
 
 
 class ConvNeXtBlock(nn.Module):
@@ -87,10 +97,11 @@ class ConvNeXtBlock(nn.Module):
         gamma = c.ls_init_value is not None
         self.gamma = nn.Parameter(torch.full((dim,), c.ls_init_value)) if gamma else None
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.fast_inference = True  # see ConvNeXt.set_fast_inference
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shortcut = x
-        x = self.conv_dw(x)
+        x = conv_bn_act(self.conv_dw, None, x, enabled=self.fast_inference)
         if self.conv_mlp:
             x = self.mlp(self.norm(x))
         else:  # channels-last for LayerNorm and the Linear layers
@@ -173,6 +184,16 @@ class ConvNeXt(nn.Module):
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         self.grad_checkpointing = enable
+
+    def set_fast_inference(self, enable: bool = True) -> ConvNeXt:
+        """Run inference through :mod:`attn_core.fast_inference` (the default) where it
+        applies, or always through the plain modules (``False``)."""
+        for m in self.modules():
+            if isinstance(m, ConvNeXtBlock):
+                m.fast_inference = enable
+            elif isinstance(m, _Mlp):
+                m.fast_inference = enable and isinstance(m.fc1, nn.Linear)
+        return self
 
     def get_classifier(self) -> nn.Module:
         return self.head.fc
