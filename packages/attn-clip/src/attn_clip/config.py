@@ -183,14 +183,18 @@ class CLIPVisionConfig:
         return width // self.head_width
 
 
+def _check_fields(d: dict[str, Any], fields, what: str) -> None:
+    unknown = sorted(set(d) - set(fields))
+    if unknown:
+        raise ValueError(f"unknown {what} field(s): {', '.join(unknown)}; "
+                         f"expected some of {list(fields)}")  # fmt: skip
+
+
 def _convnext_fields(d: dict[str, Any]) -> dict[str, Any]:
     """The ConvNeXt architecture fields, complete and checked (tuples, attn_vision's defaults)."""
     from attn_vision.convnext import ConvNeXtConfig
 
-    unknown = sorted(set(d) - set(_CONVNEXT_FIELDS))
-    if unknown:
-        raise ValueError(f"unknown ConvNeXt field(s): {', '.join(unknown)}; "
-                         f"expected some of {list(_CONVNEXT_FIELDS)}")  # fmt: skip
+    _check_fields(d, _CONVNEXT_FIELDS, "ConvNeXt")
     c = ConvNeXtConfig(**d)
     return {k: getattr(c, k) for k in _CONVNEXT_FIELDS}
 
@@ -199,20 +203,14 @@ def _vitamin_fields(d: dict[str, Any]) -> dict[str, Any]:
     """The ViTamin stem fields, complete (``VITAMIN_FIELDS``' defaults) and checked."""
     from attn_vision.vitamin import VitaminConfig
 
-    unknown = sorted(set(d) - set(VITAMIN_FIELDS))
-    if unknown:
-        raise ValueError(f"unknown ViTamin field(s): {', '.join(unknown)}; "
-                         f"expected some of {list(VITAMIN_FIELDS)}")  # fmt: skip
+    _check_fields(d, VITAMIN_FIELDS, "ViTamin")
     c = VitaminConfig(**d)
     return {k: getattr(c, k) for k in VITAMIN_FIELDS}
 
 
 def _eva_fields(d: dict[str, Any]) -> dict[str, Any]:
     """The Eva fields, complete (``EVA_FIELDS``' defaults) and checked; the grid a tuple."""
-    unknown = sorted(set(d) - set(EVA_FIELDS))
-    if unknown:
-        raise ValueError(f"unknown EVA field(s): {', '.join(unknown)}; "
-                         f"expected some of {list(EVA_FIELDS)}")  # fmt: skip
+    _check_fields(d, EVA_FIELDS, "EVA")
     out = {**EVA_FIELDS, **d}
     if out["rope_ref_grid"] is not None:
         out["rope_ref_grid"] = tuple(_to_2tuple(out["rope_ref_grid"]))
