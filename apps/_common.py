@@ -8,6 +8,7 @@ import hashlib
 import io
 import math
 import os
+import signal
 import sys
 import unicodedata
 import warnings
@@ -48,8 +49,23 @@ def fail(message: str) -> int:
     return 2
 
 
+def _interrupted_while_loading(signum: int, frame: object) -> None:
+    print("interrupted", file=sys.stderr)
+    raise SystemExit(130)
+
+
+# An app run as a command (not imported by the tests): Ctrl-C while torch is still loading is
+# one line and exit 130 too; run() puts Python's handler back. An ignored SIGINT stays so.
+_main = getattr(sys.modules.get("__main__"), "__file__", None)
+if _main is not None and Path(_main).resolve().parent == Path(__file__).resolve().parent:
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _interrupted_while_loading)
+
+
 def run(main: Callable[[], int]) -> NoReturn:
     """``sys.exit(main())``, with Ctrl-C as one line on stderr and exit code 130."""
+    if signal.getsignal(signal.SIGINT) is _interrupted_while_loading:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         code = main()
     except KeyboardInterrupt:

@@ -14,6 +14,7 @@ import argparse
 import json
 import time
 
+import _common  # first: Ctrl-C while torch loads -> one line, exit 130
 import torch
 from attn_core import (
     AttentionBackendError,
@@ -179,6 +180,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from _common import run
-
-    run(main)
+    _common.run(main)

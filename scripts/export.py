@@ -50,6 +50,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import _interrupt  # noqa: F401  (first: Ctrl-C while torch loads -> one line, exit 130)
+
 # PyTorch's OpenMP threads spin after each call by default and, in one process with
 # OpenVINO's or onnxruntime's threads, take the cores from them (and then wait for them):
 # interleaved timings came out 7-80x too slow on 2 cores (docs/benchmarks.md). Read once,

@@ -17,6 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
+import _interrupt  # noqa: F401  (first: Ctrl-C while torch loads -> one line, exit 130)
 from attn_train import shapes
 from attn_train.cli import make_parser, run_main
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+sys.path.insert(0, str(SCRIPTS))  # the scripts import scripts/_interrupt.py
 
 
 @pytest.fixture(autouse=True)

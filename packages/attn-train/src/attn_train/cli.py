@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import sys
 import warnings
 from collections.abc import Callable, Iterable
@@ -347,6 +348,9 @@ def run_main(main: Callable[[], Any]) -> NoReturn:
 
     from .loop import NonFiniteLossError
 
+    handler = signal.getsignal(signal.SIGINT)  # scripts/_interrupt.py's, while torch loaded
+    if getattr(handler, "__name__", "") == "_interrupted_while_loading":
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C: KeyboardInterrupt
     show, warnings.showwarning = warnings.showwarning, _show_warning
     message = ""
     try:
