@@ -1,13 +1,17 @@
 """scripts/distill_clip.py: a tiny CLIP teacher folder distilled into a narrower student;
-bad input is one line and writes nothing."""
+an interrupted run (with --augment-text, which draws random numbers) resumes exactly; bad
+input is one line and writes nothing."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
 import torch
+from attn_train import loop
 from attn_train.cli import run_main
+from safetensors.torch import load_file
 
 SMALL = ["embed_dim=32", "vision.image_size=32", "vision.layers=1", "text.layers=1"]
 SMALL += ["text.context_length=16"]
@@ -51,6 +55,32 @@ def test_student_is_smaller_learns_and_loads(data, load_script, tmp_path):
     assert student.encode_image(torch.randn(1, 3, 32, 32)).shape == (1, 32)
 
 
+def test_resume_after_ctrl_c_equals_an_uninterrupted_run(data, load_script, tmp_path, capsys):
+    module = load_script("distill_clip")
+    run = ("--max-steps", "4", "--augment-text", "0.5", "--save-every", "1")
+    module.main(args(data, tmp_path / "once", *run))
+    calls, to_device = itertools.count(1), loop._to_device
+
+    def ctrl_c_at_the_third_batch(batch, device):
+        if isinstance(batch, (list, tuple)) and next(calls) == 3:  # not its tensors
+            raise KeyboardInterrupt
+        return to_device(batch, device)
+
+    loop._to_device = ctrl_c_at_the_third_batch
+    try:
+        with pytest.raises(SystemExit) as e:
+            run_main(lambda: module.main(args(data, tmp_path / "twice", *run)))
+    finally:
+        loop._to_device = to_device
+    assert e.value.code == 130 and "update 2" in capsys.readouterr().err
+    module.main(args(data, tmp_path / "twice", *run))
+    once = load_file(str(tmp_path / "once" / "last" / "model.safetensors"))
+    twice = load_file(str(tmp_path / "twice" / "last" / "model.safetensors"))
+    assert once.keys() == twice.keys()
+    for k in once:
+        torch.testing.assert_close(twice[k], once[k], rtol=0, atol=0)
+
+
 @pytest.mark.parametrize(
     "student, extra, message",
     [
@@ -58,6 +88,7 @@ def test_student_is_smaller_learns_and_loads(data, load_script, tmp_path):
         (["vision.image_size=64"], [], "image preprocessing"),
         (["text.context_length=24"], [], "text vocabulary and context length"),
         ([], ["--accum", "2"], "--accum is not supported"),
+        ([], ["--augment-text", "1.5"], "--augment-text must be in [0, 1], got 1.5"),
         ([], ["--teacher", "no-such-clip"], "unknown model 'no-such-clip'"),
     ],
 )
