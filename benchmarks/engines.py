@@ -11,10 +11,14 @@ captioned-shapes images). fp32 rows check their max abs difference to ours; bf16
 rows their cosine to ours in fp32. Goals (issue 19): ours >= 1.0x OpenVINO in fp32 and bf16.
 
 Threads: ``torch.get_num_threads()`` (``--threads``) for all three; OpenVINO with the latency
-hint; ONNX Runtime without spinning between calls. PyTorch's OpenMP threads spin after every
-call unless ``OMP_WAIT_POLICY=PASSIVE`` is set before Python starts, and then slow down the
-other runtimes timed between its calls (3-30x on 2 cores): run this section with it set (the
-case names say when it was not). ``--quick``: the tiny CLIP, batch 1 and 8."""
+hint; ONNX Runtime without spinning between calls. PyTorch's OpenMP (GNU libgomp) threads
+spin for a while after every op before they sleep; by default long enough to slow down the
+other runtimes timed between its calls (3-30x on 2 cores). ``OMP_WAIT_POLICY=PASSIVE`` stops
+that, but then our threads sleep after *every* op and are woken for the next one, tens of
+microseconds each time, which at batch 1 costs ours 15-20% (docs/benchmarks.md, "where the
+time goes"). Run this section with ``GOMP_SPINCOUNT=10000``: a spin of a few microseconds
+bridges the gaps between our ops and is over before another runtime starts. The case names
+say when neither is set. ``--quick``: the tiny CLIP, batch 1 and 8."""
 
 from __future__ import annotations
 
@@ -59,7 +63,8 @@ def bench_engines(args: argparse.Namespace, report: Report) -> None:
 
     threads = torch.get_num_threads()
     policy = os.environ.get("OMP_WAIT_POLICY", "unset")
-    note = "" if policy.upper() == "PASSIVE" else f"OMP_WAIT_POLICY {policy}: see engines.py"
+    spin = os.environ.get("GOMP_SPINCOUNT")
+    note = "" if policy.upper() == "PASSIVE" or spin else "spinning threads: see engines.py"
     section = "CLIP image tower vs inference engines (" + ("tiny" if args.quick else "ViT-B/32")
     section += f", {threads} threads each)"
     # run.py runs the sections under inference_mode: the models, the export and the

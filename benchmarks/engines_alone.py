@@ -3,6 +3,7 @@ one of them: the CLIP ViT-B/32 image tower, fp32 and bf16, same random weights, 
 
     uv run benchmarks/engines_alone.py                    # batch 1 / 8 / 32, 3 rounds (~4 min)
     uv run benchmarks/engines_alone.py --batches 1 --rounds 5
+    uv run benchmarks/engines_alone.py --quick --batches 1 --rounds 1   # the tiny CLIP
 
 The ``engines`` section of run.py times the runtimes interleaved in one process, which needs
 ``OMP_WAIT_POLICY=PASSIVE``: PyTorch's OpenMP threads then sleep after every op and are woken
@@ -32,18 +33,20 @@ from harness import random_fill_
 PRECISIONS = ("fp32", "bf16")
 
 
-def child(runtime: str, batches: list[int], repeats: int, out: Path) -> None:
+def child(runtime: str, batches: list[int], repeats: int, out: Path, quick: bool) -> None:
     """Time one runtime on every case; write ``{case: median ms}`` and the outputs."""
-    from attn_clip import create_model, get_model_config
+    from attn_clip import CLIPConfig, create_model, get_model_config
     from attn_clip import export as ex
+    from clip_models import TINY_OC_CFG
 
     torch.manual_seed(0)
+    config = CLIPConfig.from_open_clip(TINY_OC_CFG) if quick else get_model_config("ViT-B-32")
     with torch.no_grad():
-        model = random_fill_(create_model(get_model_config("ViT-B-32"))).eval()
+        model = random_fill_(create_model(config)).eval()
     threads = torch.get_num_threads()
     fns = {}
     if runtime == "ours":
-        ours16 = create_model(get_model_config("ViT-B-32"), precision="bf16").eval()
+        ours16 = create_model(config, precision="bf16").eval()
         ours16.load_state_dict(model.state_dict())
         fns = {"fp32": lambda x: model.encode_image(x), "bf16": lambda x: ours16.encode_image(x)}
         cast = {"fp32": lambda x: x, "bf16": lambda x: x.bfloat16()}
@@ -81,11 +84,12 @@ def main() -> None:
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--rounds", type=int, default=3, help="processes per runtime, alternating")
     p.add_argument("--repeats", type=int, default=7, help="timed samples per case and process")
+    p.add_argument("--quick", action="store_true", help="the tiny CLIP (a smoke test)")
     p.add_argument("--child", choices=["ours", "openvino"], help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        child(args.child, args.batches, args.repeats, args.out)
+        child(args.child, args.batches, args.repeats, args.out, args.quick)
         return
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}  # the default
     times: dict[str, dict[str, list[float]]] = {"ours": {}, "openvino": {}}
@@ -96,6 +100,7 @@ def main() -> None:
                 folder.mkdir()
                 cmd = [sys.executable, __file__, "--child", runtime, "--out", str(folder)]
                 cmd += ["--repeats", str(args.repeats), "--batches", *map(str, args.batches)]
+                cmd += ["--quick"] if args.quick else []
                 subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
                 for case, ms in json.loads((folder / f"{runtime}.json").read_text()).items():
                     times[runtime].setdefault(case, []).append(ms)
@@ -113,8 +118,9 @@ def main() -> None:
                         for a in (mine, o)
                     ]
                     checks[f"{prec} batch {bs}"] = f"cos to fp32 {cos[0]:.5f} / {cos[1]:.5f}"
+    name = "tiny CLIP" if args.quick else "ViT-B/32"
     print(
-        f"ViT-B/32 image tower, {torch.get_num_threads()} threads, each runtime alone in its "
+        f"{name} image tower, {torch.get_num_threads()} threads, each runtime alone in its "
         f"own process, {args.rounds} rounds, median of medians\n"
     )
     print("| case | ours ms | OpenVINO ms | ours vs OpenVINO | goal >= 1.0x | check |")

@@ -18,7 +18,7 @@ raw ``F.scaled_dot_product_attention`` call), ``compile`` (``CLIP.compile_encode
 1M clustered 512-d vectors against exact search) and ``embed`` (indexing 1,000 JPEGs end to
 end against the model alone; both in retrieval_scale.py); ``engines`` (the image tower
 against ONNX Runtime and OpenVINO on the graph attn_clip.export writes, fp32 / bf16 / int8;
-run it with ``OMP_WAIT_POLICY=PASSIVE``, see engines.py).
+run it with ``GOMP_SPINCOUNT=10000``, see engines.py).
 
 Method. Every section builds ours and the references in this one process with identical
 random weights (transformers' random ``CLIPModel`` -> ours through our converter -> open_clip
@@ -155,12 +155,13 @@ def main(argv: list[str] | None = None) -> int:
         "cpu": platform.processor() or platform.machine(),
         "loadavg_start": os.getloadavg(),
         "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "(default)"),
+        "GOMP_SPINCOUNT": os.environ.get("GOMP_SPINCOUNT", "(default)"),
         "quick": args.quick,
     }
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average "
-        f"{os.getloadavg()[0]:.2f}, OMP_WAIT_POLICY {report.meta['OMP_WAIT_POLICY']}; "
-        f"sections: {', '.join(args.sections)}",
+        f"{os.getloadavg()[0]:.2f}, OMP_WAIT_POLICY {report.meta['OMP_WAIT_POLICY']}, "
+        f"GOMP_SPINCOUNT {report.meta['GOMP_SPINCOUNT']}; sections: {', '.join(args.sections)}",
         file=sys.stderr,
     )
     started = time.perf_counter()
@@ -185,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     print(
         f"{report.meta['command']}: torch {torch.__version__}, {report.meta['threads']} "
-        f"threads, OMP_WAIT_POLICY {report.meta['OMP_WAIT_POLICY']}; load average at start "
+        f"threads, OMP_WAIT_POLICY {report.meta['OMP_WAIT_POLICY']}, GOMP_SPINCOUNT "
+        f"{report.meta['GOMP_SPINCOUNT']}; load average at start "
         f"{report.meta['loadavg_start'][0]:.2f}, at end {report.meta['loadavg_end'][0]:.2f}; "
         f"{report.meta['wall_s']:.0f} s",
     )

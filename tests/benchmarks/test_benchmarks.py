@@ -4,6 +4,10 @@ and goals (a smoke test of the benchmarks; timings are not asserted)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -73,3 +77,34 @@ def test_engines_section_runs_every_runtime_on_the_same_weights(benchmarks_run, 
         elif row["check"].startswith("cos to fp32"):
             assert float(row["check"].split()[3]) >= 0.99, row
     assert any(g["name"] == "image tower fp32 batch 1 vs OpenVINO" for g in result["goals"])
+
+
+@pytest.mark.parametrize(
+    "script, argv",
+    [
+        ("op_profile.py", ["--quick", "--repeats", "2"]),
+        ("engines_alone.py", ["--quick", "--batches", "1", "--rounds", "1", "--repeats", "1"]),
+    ],
+)
+def test_profile_and_separate_process_scripts_run(script, argv):
+    """op_profile.py (ours' ops next to OpenVINO's counters) and engines_alone.py (each
+    runtime in its own process) on the tiny CLIP: their tables come out, outputs agree."""
+    pytest.importorskip("openvino")
+    bench = Path(__file__).resolve().parents[2] / "benchmarks"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, str(bench / script), *argv],
+        cwd=bench, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
+    if script == "op_profile.py":
+        kinds = {r.split(" | ")[0][2:] for r in rows}
+        assert "Linear (matrix products of the weights)" in kinds and "layer norm" in kinds
+        assert any("_linear_pointwise" in r for r in rows)  # ours' ops
+        assert any("FullyConnected" in r for r in rows)  # OpenVINO's node types
+    else:
+        fp32 = next(r for r in rows if r.startswith("| fp32 batch 1 "))
+        assert float(fp32.split("max diff ")[1].split()[0]) <= 1e-4, fp32
+        bf16 = next(r for r in rows if r.startswith("| bf16 batch 1 "))
+        assert min(map(float, bf16.split("cos to fp32 ")[1].split()[:3:2])) >= 0.99, bf16
