@@ -30,7 +30,6 @@ import _interrupt  # noqa: F401  (first: Ctrl-C while torch loads -> one line, e
 import attn_clip
 import attn_train as at
 import torch
-import torch.nn.functional as F
 from attn_train import CsvImageTextDataset, ImageFolderDataset, cli, distill
 
 
@@ -51,11 +50,6 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--w-contrastive", type=float, default=0.0, help="CLIP loss on the captions")
     g.add_argument("--w-feature", type=float, default=2000.0, help="embedding MSE to the teacher's")
     g.add_argument("--w-similarity", type=float, default=1.0, help="similarity-matrix KL")
-    g.add_argument(
-        "--augment-text", type=float, default=0.0, metavar="P",
-        help="also match the teacher's text embeddings of captions with each token replaced "
-        "by one from the batch with probability P (TinyBERT's data augmentation)",
-    )  # fmt: skip
     cli.add_schedule_args(g, epochs=10, batch_size=128, lr=1e-3, warmup=100)
     cli.add_optimizer_args(g, wd=0.1, min_lr_ratio=0.0, betas=(0.9, 0.98), eps=1e-6)
     cli.add_run_args(p.add_argument_group("run"), log_every=20, save_every=200)
@@ -95,8 +89,6 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         cli.require_dir(folder, "--zeroshot-dir")
     if args.accum != 1:
         raise ValueError("--accum is not supported: the contrastive terms need the whole batch")
-    if not 0.0 <= args.augment_text <= 1.0:
-        raise ValueError(f"--augment-text must be in [0, 1], got {args.augment_text}")
     run = at.start_run(args)  # checks the run flags; writes nothing yet
     device = run.d.device
     teacher, student = (m.to(device) for m in build_models(args))
@@ -128,25 +120,16 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     optimizer, scheduler = at.adamw_cosine(student, args, max_steps, no_weight_decay=["*cls_token"])
     clip_loss = attn_clip.ClipLoss()
 
-    special = [0, tokenizer.sot_token_id, tokenizer.eot_token_id]  # padding, start, end
-
     def loss_fn(model: torch.nn.Module, batch: list[torch.Tensor]) -> torch.Tensor:
         images, texts = batch
-        n = len(texts)  # with --augment-text, n more captions follow (one forward: DDP)
-        if args.augment_text:
-            augmented = distill.substitute_tokens(texts, args.augment_text, special)
-            texts = torch.cat([texts, augmented])
         with torch.no_grad():
             t = teacher(images, texts)
         s = model(images, texts)
-        s_txt, t_txt = s.text_embeds[:n], t.text_embeds[:n]
-        loss = args.w_contrastive * clip_loss(s.image_embeds, s_txt, s.logit_scale)
+        loss = args.w_contrastive * clip_loss(s.image_embeds, s.text_embeds, s.logit_scale)
         kd = distill.clip_distillation(
-            s.image_embeds, s_txt, t.image_embeds, t_txt, s.logit_scale,
+            s.image_embeds, s.text_embeds, t.image_embeds, t.text_embeds, s.logit_scale,
             t.logit_scale, feature_weight=args.w_feature, similarity_weight=args.w_similarity,
         )  # fmt: skip
-        if args.augment_text:  # the teacher's text embeddings of the new captions
-            kd = kd + args.w_feature * F.mse_loss(s.text_embeds[n:], t.text_embeds[n:])
         return loss + kd
 
     params = [sum(p.numel() for p in m.parameters()) for m in (teacher, student)]

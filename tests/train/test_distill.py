@@ -11,7 +11,6 @@ from attn_train.distill import (
     attention_distillation,
     clip_distillation,
     logit_distillation,
-    substitute_tokens,
     uniform_layer_map,
 )
 
@@ -86,22 +85,3 @@ def test_clip_distillation_zero_at_equal_and_positive_otherwise():
     assert 0 < sim_only.item() < loss.item()
     with pytest.raises(ValueError, match="equal embedding widths"):
         clip_distillation(torch.randn(6, 8), torch.randn(6, 8), img, txt, 10.0)
-
-
-def test_substitute_tokens_keeps_special_tokens_and_draws_from_the_batch():
-    special = [0, 49406, 49407]
-    tokens = torch.tensor([[49406, 10, 11, 12, 49407, 0], [49406, 20, 21, 49407, 0, 0]])
-    assert torch.equal(substitute_tokens(tokens, 0.0, special), tokens)
-    g = torch.Generator().manual_seed(0)
-    out = substitute_tokens(tokens, 1.0, special, generator=g)
-    is_special = torch.isin(tokens, torch.tensor(special))
-    assert torch.equal(out[is_special], tokens[is_special])  # SOT, EOT, padding stay
-    assert set(out[~is_special].tolist()) <= {10, 11, 12, 20, 21}
-    assert not torch.equal(out, tokens)  # 5 of 5 replaced: unchanged only by a 1-in-3125 draw
-    again = substitute_tokens(tokens, 1.0, special, generator=torch.Generator().manual_seed(0))
-    assert torch.equal(again, out)
-    many = substitute_tokens(tokens.repeat(500, 1), 0.3, special, generator=g)
-    changed = (many != tokens.repeat(500, 1)).float().sum() / (~is_special).sum() / 500
-    assert 0.2 < changed < 0.3  # p = 0.3, less the draws that pick the same token (1 in 5)
-    with pytest.raises(ValueError, match="p must be in"):
-        substitute_tokens(tokens, 1.5, special)

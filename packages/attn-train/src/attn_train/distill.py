@@ -14,9 +14,6 @@
   widths agree or after a projection), plus the teacher's image-text similarity matrix as
   soft targets for the student's, in both directions.
 * :func:`uniform_layer_map` -- which teacher layer each student layer learns from.
-* :func:`substitute_tokens` -- TinyBERT's data augmentation, simplified: new inputs for the
-  student to imitate the teacher on, made by replacing tokens of a batch with other tokens
-  of the same batch (TinyBERT draws the replacements from GloVe / BERT neighbours).
 
 Every loss treats the teacher as fixed: its tensors are detached here, so gradients reach
 only the student (and the projections). Each loss is zero when the student equals the
@@ -36,7 +33,6 @@ __all__ = [
     "attention_distillation",
     "clip_distillation",
     "logit_distillation",
-    "substitute_tokens",
     "uniform_layer_map",
 ]
 
@@ -176,30 +172,3 @@ def clip_distillation(
         kl = _soft_kl(s_sim, t_sim, 1.0) + _soft_kl(s_sim.T, t_sim.T, 1.0)
         loss = loss + similarity_weight * kl
     return loss
-
-
-def substitute_tokens(
-    tokens: torch.Tensor, p: float, special: Sequence[int], generator: torch.Generator | None = None
-) -> torch.Tensor:
-    """A copy of the ``(B, L)`` token ids in which every token that is not in ``special``
-    (padding, start / end of text) is replaced, with probability ``p``, by a token drawn
-    uniformly from the non-special tokens of the whole batch; lengths and special tokens stay.
-
-    The results are new inputs, not new labels: the student learns the teacher's outputs on
-    them (for a CLIP, its text embeddings), so it also learns how the teacher treats word
-    combinations that the data never pairs (TinyBERT's data augmentation for distillation).
-    """
-    if not 0.0 <= p <= 1.0:
-        raise ValueError(f"p must be in [0, 1], got {p}")
-    content = ~torch.isin(tokens, torch.as_tensor(list(special), device=tokens.device))
-    pool = tokens[content]
-    if pool.numel() == 0 or p == 0.0:
-        return tokens.clone()
-    draw = torch.rand(tokens.shape, generator=generator, device=tokens.device) < p
-    replace = content & draw
-    picks = torch.randint(
-        pool.numel(), (int(replace.sum()),), generator=generator, device=tokens.device
-    )
-    out = tokens.clone()
-    out[replace] = pool[picks]
-    return out
