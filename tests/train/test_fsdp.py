@@ -39,6 +39,8 @@ COMMON += ["--lr", "3e-3"]
 
 
 def script(name: str):
+    if str(ROOT / "scripts") not in sys.path:  # the scripts import scripts/_interrupt.py
+        sys.path.insert(0, str(ROOT / "scripts"))
     spec = importlib.util.spec_from_file_location(
         f"fsdp_test_{name}", ROOT / "scripts" / f"{name}.py"
     )
