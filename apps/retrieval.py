@@ -994,8 +994,11 @@ def main(argv: list[str] | None = None) -> int:
         check_args(args)
         return commands[args.command](args)
     except InputError as e:  # under torchrun rank 0 says it (a rank's own trouble: that rank)
-        quiet = torchrun_rank() not in (None, 0) and not isinstance(e, RankError)
-        return 2 if quiet else fail(str(e))
+        if torchrun_rank() not in (None, 0) and not isinstance(e, RankError):
+            # rank 0 has the same error, prints it and exits 2; a failing exit here could
+            # make torchrun stop rank 0 before its line is out (seen once in CI)
+            return 0
+        return fail(str(e))
 
 
 def check_args(args: argparse.Namespace) -> None:
