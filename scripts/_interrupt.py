@@ -2,7 +2,7 @@
 prints one ``interrupted`` line and exits with 130, like Ctrl-C later on
 (``attn_train.cli.run_main`` puts Python's handler back once the script starts). Does
 nothing when a script is imported as a module (e.g. by the tests), or when SIGINT is
-ignored (a job started with ``nohup``)."""
+ignored (a background job of a non-interactive shell: `cmd &`)."""
 
 from __future__ import annotations
 
