@@ -22,13 +22,12 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from statistics import median
 
 import numpy as np
 import torch
-from harness import random_fill_
+from harness import random_fill_, time_interleaved
 
 PRECISIONS = ("fp32", "bf16")
 
@@ -67,15 +66,9 @@ def child(runtime: str, batches: list[int], repeats: int, out: Path, quick: bool
             inner = 10 if bs == 1 else 1
             for p in PRECISIONS:
                 xi, fn = cast[p](x), fns[p]
-                y = fn(xi)  # warm-up
-                np.save(out / f"{runtime}-{p}-{bs}.npy", y.float().numpy())
-                times = []
-                for _ in range(repeats):
-                    start = time.perf_counter()
-                    for _ in range(inner):
-                        fn(xi)
-                    times.append((time.perf_counter() - start) / inner * 1e3)
-                result[f"{p} batch {bs}"] = median(times)
+                np.save(out / f"{runtime}-{p}-{bs}.npy", fn(xi).float().numpy())
+                t = time_interleaved({p: lambda fn=fn, xi=xi: fn(xi)}, repeats, inner=inner)
+                result[f"{p} batch {bs}"] = t[p].median * 1e3
     (out / f"{runtime}.json").write_text(json.dumps(result))
 
 
