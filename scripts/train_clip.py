@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--lock-image", action="store_true", help="freeze the image tower (LiT)")
     g.add_argument("--wise-ft-alpha", type=float, help="also write wise_ft/: WiSE-FT weights")
     g.add_argument("--grad-checkpointing", action="store_true", help="recompute activations")
+    g.add_argument(
+        "--ema-decay", type=float, help="keep an EMA of the weights (0.998): final/ holds it"
+    )
     g = p.add_argument_group("data")
     g.add_argument("--train-data", type=Path, required=True, help="CSV of image paths + captions")
     g.add_argument("--csv-img-key", default="filepath", help="the CSV's image path column")
@@ -87,6 +90,8 @@ def check_inputs(args: argparse.Namespace) -> None:
         raise ValueError(f"--export-fp16 {args.export_fp16} is a folder, not a file")
     if args.wise_ft_alpha is not None and not 0.0 <= args.wise_ft_alpha <= 1.0:
         raise ValueError(f"--wise-ft-alpha must be in [0, 1], got {args.wise_ft_alpha}")
+    if args.ema_decay is not None and not 0.0 < args.ema_decay < 1.0:
+        raise ValueError(f"--ema-decay must be in (0, 1), got {args.ema_decay}")
 
 
 def build_model(args: argparse.Namespace) -> attn_clip.CLIP:
@@ -118,6 +123,11 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     model = build_model(args).to(device)
     model.visual.requires_grad_(not args.lock_image)
     model.set_grad_checkpointing(args.grad_checkpointing)
+    ema = None
+    if args.ema_decay is not None:
+        from timm.utils import ModelEmaV3
+
+        ema = ModelEmaV3(model, decay=args.ema_decay, use_warmup=True).requires_grad_(False)
     tokenizer = attn_clip.get_tokenizer(model.config)
     train_tf = attn_clip.image_transform(model.preprocess_cfg, is_train=not args.no_augment)
     eval_tf = attn_clip.image_transform(model.preprocess_cfg)
@@ -182,6 +192,13 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         start={"model": args.model, "pretrained": args.pretrained, "loss": args.loss},
     )
     has_eval = bool(zs_sets) or val is not None
+
+    def evaluate_all() -> dict[str, float]:
+        out = evaluate(model)
+        if ema is not None:
+            out.update({f"ema/{k}": v for k, v in evaluate(ema.module).items()})
+        return out
+
     result = at.fit(
         run,
         model,
@@ -190,15 +207,17 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         loader,
         config,
         step_fn=at.contrastive_step(loss_fn, args.lock_image),
-        evaluate=(lambda: evaluate(model)) if has_eval else None,
+        evaluate=evaluate_all if has_eval else None,
         write_files=lambda folder: attn_clip.save_config(model, folder),  # + model.safetensors
         train_mode=train_mode,
         after_update=after_update,
+        ema=ema,
     )
     if run.d.is_main:  # final/ (open_clip layout), --export-fp16, WiSE-FT
-        attn_clip.save_pretrained(model.eval(), args.out / "final")
+        final = model if ema is None else ema.module
+        attn_clip.save_pretrained(final.eval(), args.out / "final")
         if args.export_fp16 is not None:
-            attn_clip.save_weights(model, args.export_fp16, dtype=torch.float16)
+            attn_clip.save_weights(final, args.export_fp16, dtype=torch.float16)
         if args.wise_ft_alpha is not None:
             wise = copy.deepcopy(model)  # the same architecture; every weight is replaced
             init = {k: v.to(device) for k, v in read_state_dict(init_path).items()}

@@ -150,3 +150,40 @@ def test_siglip_towers_train_and_explain():
     with torch.no_grad():
         assert_close(model.encode_image(torch.nn.functional.pad(images, (0, 5, 0, 5))),
                      model.encode_image(images))  # fmt: skip
+
+
+def test_factorized_token_embedding(h, tmp_path, tiny_images, tiny_tokens):
+    """``text.token_dim`` (ALBERT's factorized embedding): a (V, T) table and a T -> D map
+    give exactly what open_clip gives with the (V, D) table ``E @ P.T``, train, pass
+    through the inference fast path, and survive save_pretrained / load."""
+    import json
+
+    import attn_clip
+
+    cfg = h.oc_cfg()
+    ref = h.make_open_clip(cfg)
+    ours = CLIP(CLIPConfig.from_open_clip(h.oc_cfg(text_cfg={"token_dim": 4}))).eval()
+    width = cfg["text_cfg"]["width"]
+    assert ours.text.token_embedding.weight.shape == (cfg["text_cfg"]["vocab_size"], 4)
+    assert ours.text.token_proj.weight.shape == (width, 4)
+    sd = {k: v for k, v in ref.state_dict().items() if k != "token_embedding.weight"}
+    table, proj = torch.randn(cfg["text_cfg"]["vocab_size"], 4), torch.randn(width, 4) * 0.01
+    load_checkpoint(ours, {**sd, "token_embedding.weight": table, "token_proj.weight": proj})
+    with torch.no_grad():
+        ref.token_embedding.weight.copy_(table @ proj.T)
+        assert_close(ours.encode_text(tiny_tokens), ref.encode_text(tiny_tokens), **TOL)
+        ours.text.set_fast_inference(False)
+        assert_close(ours.encode_text(tiny_tokens), ref.encode_text(tiny_tokens), **TOL)
+    ours.text.set_fast_inference(True)
+    attn_clip.save_pretrained(ours, tmp_path)
+    written = json.loads((tmp_path / "open_clip_config.json").read_text())
+    assert written["model_cfg"]["text_cfg"]["token_dim"] == 4
+    loaded = attn_clip.create_model(f"local-dir:{tmp_path}").eval()
+    with torch.no_grad():
+        assert_close(loaded.encode_text(tiny_tokens), ref.encode_text(tiny_tokens), **TOL)
+    fresh = CLIP(ours.config).train()
+    fresh(tiny_images, tiny_tokens).logits_per_image.logsumexp(1).mean().backward()
+    for p in (fresh.text.token_embedding.weight, fresh.text.token_proj.weight):
+        assert p.grad is not None and p.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="token_dim"):
+        CLIPConfig.from_open_clip(h.oc_cfg(text_cfg={"token_dim": 0}))

@@ -116,6 +116,24 @@ def test_loss_goes_down_on_a_fixed_batch_and_outputs_load(tc, data, tmp_path):
     assert all(torch.equal(v, last[k]) for k, v in final.state_dict().items())
 
 
+def test_ema_is_evaluated_and_becomes_final(tc, data, tmp_path):
+    out = tmp_path / "run"
+    args = [*data_args(data), *TINY, "--batch-size", "8", "--max-steps", "6", "--epochs", "1"]
+    tc.main([*args, "--ema-decay", "0.9", "--out", str(out)])
+    evals = [r for r in records(out) if r.get("event") == "eval"]
+    assert evals and 0 <= evals[-1]["ema/zeroshot/heldout/top1"] <= 1
+
+    import attn_clip
+
+    final = attn_clip.create_model(str(out / "final")).state_dict()
+    ema, raw = load_file(out / "last" / "ema.safetensors"), weights(out / "last")
+    assert all(torch.equal(v, ema[k]) for k, v in final.items())  # final/ holds the EMA
+    assert any(not torch.equal(v, raw[k]) for k, v in final.items())
+    with pytest.raises(ValueError, match="--ema-decay must be in"):
+        tc.main([*args, "--ema-decay", "1.5", "--out", str(tmp_path / "bad")])
+    assert not (tmp_path / "bad").exists()
+
+
 def test_accumulation_gives_the_big_batch_update(tc, data, tmp_path):
     common = [*data_args(data), *TINY, "--no-augment", "--max-steps", "2"]
     tc.main([*common, "--out", str(tmp_path / "big"), "--batch-size", "16"])

@@ -224,6 +224,9 @@ class CLIPTextConfig:
     context_length: int = 77  # maximum tokens (learned positions)
     vocab_size: int = 49408  # token embedding rows
     width: int = 512  # token width
+    # ALBERT's factorized embedding: a (vocab_size, token_dim) table + Linear(token_dim,
+    # width); None = a (vocab_size, width) table (every open_clip / OpenAI / HF model)
+    token_dim: int | None = None
     heads: int = 8  # attention heads
     layers: int = 12  # transformer blocks
     mlp_ratio: float = 4.0  # MLP hidden width = int(width * mlp_ratio)
@@ -249,6 +252,8 @@ class CLIPTextConfig:
             raise ValueError(f"text act must be one of {ACTS}, got {self.act!r}")
         if self.width % self.heads:
             raise ValueError(f"text width ({self.width}) must be divisible by heads ({self.heads})")
+        if self.token_dim is not None and self.token_dim < 1:
+            raise ValueError(f"text token_dim must be None or >= 1, got {self.token_dim}")
 
 
 @dataclass
@@ -1014,6 +1019,8 @@ class CLIPConfig:
         }
         if _act_kwargs(t.act):
             text_cfg["act_kwargs"] = _act_kwargs(t.act)
+        if t.token_dim is not None:  # attn_clip's own: open_clip refuses it
+            text_cfg["token_dim"] = t.token_dim
         if t.hf_tokenizer_name:
             text_cfg["hf_tokenizer_name"] = t.hf_tokenizer_name
         if t.tokenizer_kwargs:

@@ -170,6 +170,7 @@ def convert_open_clip(sd: Mapping[str, torch.Tensor]) -> StateDict:
     c = _Consumer(sd, "open_clip")
     # text tower
     c.move("token_embedding.weight", "text.token_embedding.weight")
+    c.move("token_proj.weight", "text.token_proj.weight")  # attn_clip's factorized table
     c.move("positional_embedding", "text.positional_embedding")
     c.blocks("transformer.resblocks.", "text.blocks.", _OPEN_CLIP_BLOCK)
     c.move("ln_final.weight", "text.ln_final.weight")
@@ -324,6 +325,7 @@ def to_attn_clip(sd: Mapping[str, torch.Tensor], fmt: str | None = None) -> Stat
 # attn_clip name -> (open_clip name, tensor fix-up) for everything outside the blocks.
 _TO_OPEN_CLIP: dict[str, tuple[str, Callable[[torch.Tensor], torch.Tensor] | None]] = {
     "text.token_embedding.weight": ("token_embedding.weight", None),
+    "text.token_proj.weight": ("token_proj.weight", None),  # (token_dim set: open_clip has none)
     "text.positional_embedding": ("positional_embedding", None),
     "text.ln_final.weight": ("ln_final.weight", None),
     "text.ln_final.bias": ("ln_final.bias", None),

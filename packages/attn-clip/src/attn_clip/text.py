@@ -80,11 +80,14 @@ class TextTransformer(nn.Module):
         norm_layer = partial(nn.LayerNorm, eps=c.norm_eps)
         # weight_init=False (weights about to be loaded, built on the meta device): no random
         # init -- nothing to initialize, and a meta normal_ would import torch._dynamo (~1 s)
+        token_dim = c.token_dim or c.width
         if weight_init:
-            self.token_embedding = nn.Embedding(c.vocab_size, c.width)  # (V, D)
+            self.token_embedding = nn.Embedding(c.vocab_size, token_dim)  # (V, D) or (V, T)
         else:
-            empty = torch.empty(c.vocab_size, c.width)
+            empty = torch.empty(c.vocab_size, token_dim)
             self.token_embedding = nn.Embedding.from_pretrained(empty, freeze=False)
+        # ALBERT's factorized embedding (token_dim set): (V, T) table, then T -> D
+        self.token_proj = None if c.token_dim is None else nn.Linear(token_dim, c.width, False)
         self.positional_embedding = nn.Parameter(torch.empty(c.context_length, c.width))
         self.blocks = nn.ModuleList(
             TransformerBlock(
@@ -109,6 +112,8 @@ class TextTransformer(nn.Module):
         """open_clip's init: small embeddings, depth-scaled residual projections."""
         c = self.config
         nn.init.normal_(self.token_embedding.weight, std=0.02)
+        if self.token_proj is not None:  # keeps the embeddings' std at 0.02
+            nn.init.normal_(self.token_proj.weight, std=self.token_proj.in_features**-0.5)
         nn.init.normal_(self.positional_embedding, std=0.01)
         proj_std = c.width**-0.5 * (2 * c.layers) ** -0.5
         for blk in self.blocks:
@@ -149,7 +154,9 @@ class TextTransformer(nn.Module):
     def _embed(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """``(B, L)`` token ids (at ``positions`` ``(B, L)``, default ``0 .. L - 1``) ->
         ``(B, L, D)`` block inputs."""
-        x = self.token_embedding(tokens)  # (B, L, D)
+        x = self.token_embedding(tokens)  # (B, L, D), or (B, L, T) before token_proj
+        if self.token_proj is not None:
+            x = self.token_proj(x)
         pos = self.positional_embedding
         pos = pos[: tokens.shape[1]] if positions is None else pos[positions]  # (L | B L, D)
         return x + pos.to(x.dtype)
