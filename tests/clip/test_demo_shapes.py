@@ -155,7 +155,7 @@ def test_demo_shapes_loads_offline_and_names_unseen_pairs(monkeypatch):
         for s in samples
     ]
     got = top1(demo, big, names)
-    assert sum(g == w for g, w in zip(got, want, strict=True)) >= 22, got  # (28 of 30)
+    assert sum(g == w for g, w in zip(got, want, strict=True)) >= 22, got  # (27 of 30)
 
 
 def test_independent_renderer_draws_what_it_says():
@@ -174,7 +174,7 @@ def test_independent_renderer_draws_what_it_says():
 
 def test_demo_shapes_recognises_shapes_drawn_by_other_code(demo):
     """300 images from this file's renderer (10 per class, all 30 classes, 6 of them never
-    trained): the colour and the shape right (top-1 of 30) for at least 90% (98.3%; the
+    trained): the colour and the shape right (top-1 of 30) for at least 90% (99.3%; the
     first bundled model, trained on 27 fixed layouts at 32 px, scored 70.3%)."""
     images = independent_set(per_class=10, seed=0)
     got = top1(demo, [im for im, _ in images], CLASSES)
