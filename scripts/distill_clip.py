@@ -2,7 +2,7 @@ r"""Distil a CLIP (any loadable model) into a smaller CLIP on an image-caption C
 
     uv run scripts/make_shapes.py data/shapes
     uv run scripts/distill_clip.py --teacher demo-shapes --teacher-pretrained shapes \
-        --model demo-shapes --set vision.width=64 vision.layers=2 text.width=8 text.heads=2 \
+        --model demo-shapes --set vision.width=64 vision.layers=2 text.token_dim=8 \
         --train-data data/shapes/train.csv --zeroshot-dir data/shapes/heldout \
         --zeroshot-classnames data/shapes/classnames.txt --out runs/distilled
 
