@@ -1,4 +1,4 @@
-"""Classify images with an attn_vision model: a fine-tuned folder, or timm's weights.
+r"""Classify images with an attn_vision model: a fine-tuned folder, or timm's weights.
 
     uv run apps/classify.py --model runs/vit/best --image cat.jpg        # finetune_vit output
     uv run apps/classify.py --model resnet18 --pretrained --images photos/ --top-k 3 --json

@@ -1,4 +1,4 @@
-"""Zero-shot image classification with CLIP: rank your labels for each image.
+r"""Zero-shot image classification with CLIP: rank your labels for each image.
 
     uv run apps/zero_shot.py --image docs/assets/cat.jpg --labels cat dog "a red car"
     uv run apps/zero_shot.py --model demo-shapes --image docs/assets/red_circle.png \

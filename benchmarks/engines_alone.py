@@ -1,8 +1,10 @@
 """Ours against OpenVINO with each runtime **alone in its own process**, as a deployment runs
-one of them: the CLIP ViT-B/32 image tower, fp32 and bf16, same random weights, same threads.
+one of them: a CLIP image tower (ViT-B/32 by default, or ``--model ViT-B-16``), fp32 and bf16,
+same random weights, same threads.
 
     uv run benchmarks/engines_alone.py                    # batch 1 / 8 / 32, 3 rounds (~4 min)
     uv run benchmarks/engines_alone.py --batches 1 --rounds 5
+    uv run benchmarks/engines_alone.py --model ViT-B-16 --precisions fp32   # a CPU without bf16
     uv run benchmarks/engines_alone.py --quick --batches 1 --rounds 1   # the tiny CLIP
 
 The ``engines`` section of run.py times the runtimes interleaved in one process, which needs
@@ -32,14 +34,17 @@ from harness import random_fill_, time_interleaved
 PRECISIONS = ("fp32", "bf16")
 
 
-def child(runtime: str, batches: list[int], repeats: int, out: Path, quick: bool) -> None:
+def child(
+    runtime: str, model_name: str, precisions: list[str], batches: list[int], repeats: int,
+    out: Path, quick: bool,
+) -> None:  # fmt: skip
     """Time one runtime on every case; write ``{case: median ms}`` and the outputs."""
     from attn_clip import CLIPConfig, create_model, get_model_config
     from attn_clip import export as ex
     from clip_models import TINY_OC_CFG
 
     torch.manual_seed(0)
-    config = CLIPConfig.from_open_clip(TINY_OC_CFG) if quick else get_model_config("ViT-B-32")
+    config = CLIPConfig.from_open_clip(TINY_OC_CFG) if quick else get_model_config(model_name)
     with torch.no_grad():
         model = random_fill_(create_model(config)).eval()
     threads = torch.get_num_threads()
@@ -64,7 +69,8 @@ def child(runtime: str, batches: list[int], repeats: int, out: Path, quick: bool
         for bs in batches:
             x = torch.randn(bs, 3, size, size, generator=torch.Generator().manual_seed(bs))
             inner = 10 if bs == 1 else 1
-            for p in PRECISIONS:
+            np.save(out / f"{runtime}-fp32-{bs}.npy", fns["fp32"](x).numpy())  # the reference
+            for p in precisions:
                 xi, fn = cast[p](x), fns[p]
                 np.save(out / f"{runtime}-{p}-{bs}.npy", fn(xi).float().numpy())
                 t = time_interleaved({p: lambda fn=fn, xi=xi: fn(xi)}, repeats, inner=inner)
@@ -74,6 +80,8 @@ def child(runtime: str, batches: list[int], repeats: int, out: Path, quick: bool
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="ViT-B-32", help="CLIP architecture (random weights)")
+    p.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--rounds", type=int, default=3, help="processes per runtime, alternating")
     p.add_argument("--repeats", type=int, default=7, help="timed samples per case and process")
@@ -82,7 +90,10 @@ def main() -> None:
     p.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        child(args.child, args.batches, args.repeats, args.out, args.quick)
+        child(
+            args.child, args.model, args.precisions, args.batches, args.repeats, args.out,
+            args.quick,
+        )  # fmt: skip
         return
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}  # the default
     times: dict[str, dict[str, list[float]]] = {"ours": {}, "openvino": {}}
@@ -93,13 +104,14 @@ def main() -> None:
                 folder.mkdir()
                 cmd = [sys.executable, __file__, "--child", runtime, "--out", str(folder)]
                 cmd += ["--repeats", str(args.repeats), "--batches", *map(str, args.batches)]
+                cmd += ["--model", args.model, "--precisions", *args.precisions]
                 cmd += ["--quick"] if args.quick else []
                 subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
                 for case, ms in json.loads((folder / f"{runtime}.json").read_text()).items():
                     times[runtime].setdefault(case, []).append(ms)
         checks = {}
         for bs in args.batches:
-            for prec in PRECISIONS:
+            for prec in args.precisions:
                 ref = np.load(Path(tmp) / f"ours0/ours-fp32-{bs}.npy")
                 o = np.load(Path(tmp) / f"openvino0/openvino-{prec}-{bs}.npy")
                 mine = np.load(Path(tmp) / f"ours0/ours-{prec}-{bs}.npy")
@@ -111,7 +123,7 @@ def main() -> None:
                         for a in (mine, o)
                     ]
                     checks[f"{prec} batch {bs}"] = f"cos to fp32 {cos[0]:.5f} / {cos[1]:.5f}"
-    name = "tiny CLIP" if args.quick else "ViT-B/32"
+    name = "tiny CLIP" if args.quick else args.model
     print(
         f"{name} image tower, {torch.get_num_threads()} threads, each runtime alone in its "
         f"own process, {args.rounds} rounds, median of medians\n"

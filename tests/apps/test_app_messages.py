@@ -51,6 +51,22 @@ def test_help_shows_defaults(app, monkeypatch, capsys):
     assert "(default: " in out and "(default: None)" not in out and "(default: False)" not in out
 
 
+def test_docstring_examples_keep_their_line_continuations():
+    """A backslash ending a line of a plain (not raw) docstring joins it with the next, so
+    ``--help`` showed ``red_circle.png         --labels``: no example line in the help of an
+    app or script holds such a join, and each continued line still ends with a backslash."""
+    import ast
+    import re
+
+    files = sorted([*APPS.glob("*.py"), *(APPS.parent / "scripts").glob("*.py")])
+    for path in files:
+        tree = ast.parse(path.read_text())
+        doc = ast.get_docstring(tree, clean=False) or ""
+        source = ast.get_source_segment(path.read_text(), tree.body[0]) if doc else ""
+        assert not re.search(r"\S {4,}--", doc), path.name
+        assert source.count("\\\n") == doc.count("\\\n"), path.name
+
+
 def test_list_models(monkeypatch, capsys):
     assert load(monkeypatch, "zero_shot").main(["--list-models"]) == 0
     lines = capsys.readouterr().out.splitlines()

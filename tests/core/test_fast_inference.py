@@ -77,6 +77,13 @@ def test_masks_and_pooled_rows():
         assert_close(picked[:, 0], full[torch.arange(3), rows], **TOL)
 
 
+BF16 = pytest.mark.skipif(
+    not fast_inference._ONEDNN_BF16,
+    reason="this CPU has no oneDNN bf16 kernels (AVX512 BW/VL/DQ or AVX-NE-CONVERT)",
+)
+
+
+@BF16
 def test_bf16_stays_close_to_fp32():
     blocks = _blocks(act="quick_gelu")
     x = torch.randn(2, 50, D)
@@ -85,6 +92,19 @@ def test_bf16_stays_close_to_fp32():
     assert out.dtype == torch.bfloat16
     cos = torch.nn.functional.cosine_similarity(out.float(), ref, dim=-1)
     assert cos.min() >= 0.999, cos.min()
+
+
+def test_bf16_without_onednn_bf16_kernels_runs_the_modules(monkeypatch):
+    """On an AVX2-only CPU oneDNN's bf16 weight reorder raises; bf16 then takes the modules."""
+    monkeypatch.setattr(fast_inference, "_ONEDNN_BF16", False)
+    blocks = _blocks(depth=2).to(torch.bfloat16)
+    x = torch.randn(2, 9, D, dtype=torch.bfloat16)
+    release_packed_weights()
+    with torch.inference_mode():
+        assert not fast_path_available(x) and fast_path_available(x.float())
+        out = run_blocks(blocks, x)
+    assert not fast_inference._packed
+    assert_close(out, _plain(blocks, x), atol=0, rtol=0)
 
 
 @pytest.mark.parametrize(

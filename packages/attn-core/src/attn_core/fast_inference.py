@@ -6,7 +6,8 @@ length group, ``C`` channels, ``gh, gw`` patch grid.
 
 Models keep one readable forward made of module calls and opt in to this path with a flag
 (``model.set_fast_inference(True)``, the default for the ViT and CLIP towers). It runs
-only where it applies -- :func:`fast_path_available`: CPU, fp32 / bf16, no autograd
+only where it applies -- :func:`fast_path_available`: CPU, fp32 / bf16 (bf16 where the CPU
+has oneDNN's bf16 kernels: AVX512 or AVX-NE-CONVERT), no autograd
 (``torch.no_grad()`` / ``torch.inference_mode()``), no autocast, oneDNN present -- and
 otherwise falls back to the module calls, so it is always safe to call. What it does,
 each step exact up to float rounding (tests/core/test_fast_inference.py):
@@ -71,6 +72,9 @@ _ONEDNN = (
     and hasattr(torch.ops.mkldnn, "_linear_pointwise")
     and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 )
+# oneDNN's bf16 products need AVX512 (BW / VL / DQ) or AVX-NE-CONVERT; elsewhere (an AVX2-only
+# CPU) bf16 models run their module calls instead of raising from the weight reorder
+_ONEDNN_BF16 = _ONEDNN and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 _PACK_ROWS = 64  # oneDNN's layout hint: expected rows per product (8..400 measured alike)
 _GROUP_COST = 64  # a separate length group costs about as much as this many extra tokens
 _MIN_PREFIX = 3  # shortest shared prefix worth caching (tokens)
@@ -93,13 +97,13 @@ M = TypeVar("M", bound=nn.Module)
 
 
 def fast_path_available(x: torch.Tensor) -> bool:
-    """Whether the fast path can run on ``x``: oneDNN present, CPU fp32 / bf16, no autograd
-    graph being recorded, no CPU autocast (and inside ``torch.compile`` only with the op
-    :func:`compile_module` registers)."""
+    """Whether the fast path can run on ``x``: oneDNN present, CPU fp32 (or bf16 where the
+    CPU has oneDNN's bf16 kernels), no autograd graph being recorded, no CPU autocast (and
+    inside ``torch.compile`` only with the op :func:`compile_module` registers)."""
     return (
         _ONEDNN
         and x.device.type == "cpu"
-        and x.dtype in (torch.float32, torch.bfloat16)
+        and (x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and _ONEDNN_BF16))
         and not torch.is_grad_enabled()
         and not torch.is_autocast_enabled("cpu")
         and (_compile_op_registered or not torch.compiler.is_compiling())
