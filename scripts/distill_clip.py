@@ -14,7 +14,9 @@ teacher's image-text similarities as soft targets (``--w-similarity``); optional
 its own captions (CLIP's contrastive loss, ``--w-contrastive``, 0 by default: both measured
 in docs/training.md). Teacher and student share the tokenizer and image preprocessing.
 After every epoch: the student's zero-shot top-1 / top-5 on each ``--zeroshot-dir``.
-``OUT/last`` and ``OUT/best`` are CLIP folders; rerunning the same command resumes.
+``OUT/last`` and ``OUT/best`` are CLIP folders (``--ema-decay``: also an EMA of the student,
+scored as ``ema/...``), ``OUT/final`` the finished student (its EMA with ``--ema-decay``);
+rerunning the same command resumes.
 
 Exit codes: 0 done, 1 the loss became NaN / inf, 2 bad input (one ``error:`` line, nothing
 written), 130 Ctrl-C (the line names the last checkpoint; the same command resumes).
@@ -40,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--teacher-pretrained", default=None, help="the teacher's tag or file")
     g.add_argument("--model", default="demo-shapes", help="student architecture")
     g.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="student overrides")
+    g.add_argument(
+        "--ema-decay", type=float, help="keep an EMA of the student (0.998): final/ holds it"
+    )
     g = p.add_argument_group("data")
     g.add_argument("--train-data", type=Path, required=True, help="CSV: filepath,title")
     g.add_argument("--zeroshot-dir", type=Path, action="append", default=[], help="ImageFolder")
@@ -89,9 +94,16 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         cli.require_dir(folder, "--zeroshot-dir")
     if args.accum != 1:
         raise ValueError("--accum is not supported: the contrastive terms need the whole batch")
+    if args.ema_decay is not None and not 0.0 < args.ema_decay < 1.0:
+        raise ValueError(f"--ema-decay must be in (0, 1), got {args.ema_decay}")
     run = at.start_run(args)  # checks the run flags; writes nothing yet
     device = run.d.device
     teacher, student = (m.to(device) for m in build_models(args))
+    ema = None
+    if args.ema_decay is not None:
+        from timm.utils import ModelEmaV3
+
+        ema = ModelEmaV3(student, decay=args.ema_decay, use_warmup=True).requires_grad_(False)
     tokenizer = attn_clip.get_tokenizer(student.config)
     transform = attn_clip.image_transform(student.preprocess_cfg, is_train=True)
     data = CsvImageTextDataset(args.train_data, transform, tokenizer, seed=args.seed)
@@ -132,6 +144,12 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         )  # fmt: skip
         return loss + kd
 
+    def evaluate() -> dict[str, float]:
+        out = zero_shot(student)
+        if ema is not None:
+            out.update({f"ema/{k}": v for k, v in zero_shot(ema.module).items()})
+        return out
+
     params = [sum(p.numel() for p in m.parameters()) for m in (teacher, student)]
     start = {
         "teacher_params": params[0],
@@ -150,10 +168,15 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         loader,
         config,
         loss_fn=loss_fn,
-        evaluate=(lambda: zero_shot(student)) if zs_sets else None,
+        evaluate=evaluate if zs_sets else None,
         write_files=lambda folder: attn_clip.save_config(student, folder),  # + model.safetensors
         after_update=lambda: student.clamp_logit_scale_() or {},
+        ema=ema,
     )
+    if run.d.is_main:  # final/: the student (its EMA with --ema-decay), open_clip's layout
+        attn_clip.save_pretrained(
+            (student if ema is None else ema.module).eval(), args.out / "final"
+        )
     result.update(start)
     run.close(result)
     return result

@@ -54,6 +54,21 @@ def test_student_is_smaller_learns_and_loads(data, load_script, tmp_path):
     assert student.encode_image(torch.randn(1, 3, 32, 32)).shape == (1, 32)
 
 
+def test_ema_student_is_scored_and_written_to_final(data, load_script, tmp_path):
+    import attn_clip
+
+    out = tmp_path / "ema"
+    argv = args(data, out, "--max-steps", "3", "--ema-decay", "0.9")
+    result = load_script("distill_clip").main(argv)
+    assert {"ema/zeroshot/heldout/top1", "zeroshot/heldout/top1"} <= result["eval"].keys()
+    ema = load_file(str(out / "last" / "ema.safetensors"))
+    final = attn_clip.create_model(out / "final").state_dict()
+    weights = load_file(str(out / "last" / "model.safetensors"))
+    for k, v in final.items():  # final/ is the EMA, not the last weights
+        torch.testing.assert_close(v, ema[k], rtol=0, atol=0)
+    assert any(not torch.equal(weights[k], ema[k]) for k in weights)
+
+
 def test_resume_after_ctrl_c_equals_an_uninterrupted_run(data, load_script, tmp_path, capsys):
     module = load_script("distill_clip")
     run = ("--max-steps", "4", "--save-every", "1")
@@ -87,6 +102,7 @@ def test_resume_after_ctrl_c_equals_an_uninterrupted_run(data, load_script, tmp_
         (["vision.image_size=64"], [], "image preprocessing"),
         (["text.context_length=24"], [], "text vocabulary and context length"),
         ([], ["--accum", "2"], "--accum is not supported"),
+        ([], ["--ema-decay", "1.5"], "--ema-decay must be in (0, 1)"),
         ([], ["--teacher", "no-such-clip"], "unknown model 'no-such-clip'"),
     ],
 )
