@@ -96,3 +96,21 @@ def test_calibration_set_holds_rows_out(tiny):
     assert len(calib.rows["image"]) == 8 and len(calib.check_rows["image"]) == 3
     assert calib.held_out and calib.source == "list"
     assert calib.rows["text"][0].shape[1] < 16  # cut after the EOT token
+
+
+@pytest.mark.parametrize("vnni, fix", [(True, None), (False, True)])
+def test_static_int8_fixes_overflow_on_cpus_without_vnni(vnni, fix, monkeypatch):
+    """Without VNNI the int8 kernels saturate at int16: NNCF's overflow fix (7-bit weights) is
+    then on for every layer; with VNNI NNCF's defaults stay."""
+    nncf = pytest.importorskip("nncf")
+    from attn_clip.export import quantize
+
+    assert isinstance(quantize.cpu_has_vnni(), bool)  # this machine's /proc/cpuinfo
+    seen = []
+    monkeypatch.setattr(quantize, "cpu_has_vnni", lambda: vnni)
+    monkeypatch.setattr(quantize, "keep_fp32", lambda model, name: [])
+    monkeypatch.setattr(nncf, "quantize", lambda *a, advanced_parameters=None, **kw: seen.append(
+        advanced_parameters))  # fmt: skip
+    quantize.quantize_static({"text": object()}, {"text": [torch.zeros(1, 4)]})
+    got = seen[0] if seen[0] is None else seen[0].overflow_fix == nncf.OverflowFix.ENABLE
+    assert got is fix

@@ -61,7 +61,8 @@ def test_fast_inference_equals_the_plain_modules(dtype):
     fast_inference.release_packed_weights()
     with torch.no_grad():
         fast = model(x)
-        assert model.stages[0].blocks[0].mlp.fc1.weight in fast_inference._packed
+        fused = dtype == torch.float32 or fast_inference._ONEDNN_BF16  # bf16 needs AVX512
+        assert (model.stages[0].blocks[0].mlp.fc1.weight in fast_inference._packed) == fused
         plain = model.set_fast_inference(False)(x)
     tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 0.05, "rtol": 0.05}
     torch.testing.assert_close(fast.float(), plain.float(), **tol)
