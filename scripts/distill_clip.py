@@ -94,16 +94,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         cli.require_dir(folder, "--zeroshot-dir")
     if args.accum != 1:
         raise ValueError("--accum is not supported: the contrastive terms need the whole batch")
-    if args.ema_decay is not None and not 0.0 < args.ema_decay < 1.0:
-        raise ValueError(f"--ema-decay must be in (0, 1), got {args.ema_decay}")
     run = at.start_run(args)  # checks the run flags; writes nothing yet
     device = run.d.device
     teacher, student = (m.to(device) for m in build_models(args))
-    ema = None
-    if args.ema_decay is not None:
-        from timm.utils import ModelEmaV3
-
-        ema = ModelEmaV3(student, decay=args.ema_decay, use_warmup=True).requires_grad_(False)
+    ema = at.make_ema(student, args.ema_decay)
     tokenizer = attn_clip.get_tokenizer(student.config)
     transform = attn_clip.image_transform(student.preprocess_cfg, is_train=True)
     data = CsvImageTextDataset(args.train_data, transform, tokenizer, seed=args.seed)

@@ -95,8 +95,6 @@ def build_model(args: argparse.Namespace, num_classes: int) -> nn.Module:
 
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
-    from timm.utils import ModelEmaV3
-
     cli.require_dir(args.train_dir, "--train-dir")
     cli.require_dir(args.val_dir, "--val-dir")
     run = at.start_run(args)  # checks the run flags; writes nothing yet
@@ -114,9 +112,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     if args.grad_checkpointing:
         model.set_grad_checkpointing(True)
     model.train()
-    ema = None
-    if args.ema_decay is not None:
-        ema = ModelEmaV3(model, decay=args.ema_decay, use_warmup=True).requires_grad_(False)
+    ema = at.make_ema(model, args.ema_decay)
 
     loader = at.make_loader(data, args.batch_size, run.d, seed=args.seed, num_workers=args.workers)
     max_steps, epochs = at.plan_steps(len(loader), args.accum, args.epochs, args.max_steps)

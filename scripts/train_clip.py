@@ -90,8 +90,6 @@ def check_inputs(args: argparse.Namespace) -> None:
         raise ValueError(f"--export-fp16 {args.export_fp16} is a folder, not a file")
     if args.wise_ft_alpha is not None and not 0.0 <= args.wise_ft_alpha <= 1.0:
         raise ValueError(f"--wise-ft-alpha must be in [0, 1], got {args.wise_ft_alpha}")
-    if args.ema_decay is not None and not 0.0 < args.ema_decay < 1.0:
-        raise ValueError(f"--ema-decay must be in (0, 1), got {args.ema_decay}")
 
 
 def build_model(args: argparse.Namespace) -> attn_clip.CLIP:
@@ -123,11 +121,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     model = build_model(args).to(device)
     model.visual.requires_grad_(not args.lock_image)
     model.set_grad_checkpointing(args.grad_checkpointing)
-    ema = None
-    if args.ema_decay is not None:
-        from timm.utils import ModelEmaV3
-
-        ema = ModelEmaV3(model, decay=args.ema_decay, use_warmup=True).requires_grad_(False)
+    ema = at.make_ema(model, args.ema_decay)
     tokenizer = attn_clip.get_tokenizer(model.config)
     train_tf = attn_clip.image_transform(model.preprocess_cfg, is_train=not args.no_augment)
     eval_tf = attn_clip.image_transform(model.preprocess_cfg)

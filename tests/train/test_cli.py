@@ -231,3 +231,13 @@ def test_augment_args_and_their_transform_kwargs():
         "re_prob": 0.0,
     }
     assert p.parse_args(["--no-augment"]).no_augment
+
+
+@pytest.mark.parametrize("decay", ["0", "1", "1.5", "-0.1"])
+def test_ema_decay_out_of_range_is_refused_for_every_recipe(decay):
+    """One check for --ema-decay (finetune_vit, train_clip, distill_clip); 0.998 passes."""
+    p = argparse.ArgumentParser()
+    p.add_argument("--ema-decay", type=float)
+    check_run_args(p.parse_args(["--ema-decay", "0.998"]))
+    with pytest.raises(ValueError, match=r"--ema-decay must be in \(0, 1\), got"):
+        check_run_args(p.parse_args(["--ema-decay", decay]))

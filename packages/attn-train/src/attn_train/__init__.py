@@ -58,6 +58,7 @@ from .loop import (
     check_finite,
     fit,
     loss_step,
+    make_ema,
     start_run,
 )
 from .metrics import accuracy, classification_metrics, next_token_loss
@@ -110,6 +111,7 @@ __all__ = [
     "lambda_lr",
     "load_checkpoint",
     "loss_step",
+    "make_ema",
     "make_loader",
     "make_scaler",
     "next_token_loss",

@@ -243,6 +243,9 @@ def check_run_args(args: Any) -> None:
     out = getattr(args, "out", None)
     if out is not None and Path(out).exists() and not Path(out).is_dir():
         raise ValueError(f"--out {out} is a file, not a folder")
+    ema_decay = getattr(args, "ema_decay", None)
+    if ema_decay is not None and not 0.0 < ema_decay < 1.0:
+        raise ValueError(f"--ema-decay must be in (0, 1), got {ema_decay}")
     if getattr(args, "fsdp", False):
         for flag in ("--ema-decay", "--wise-ft-alpha"):  # each keeps a whole copy of the model
             if getattr(args, flag[2:].replace("-", "_"), None) is not None:

@@ -83,6 +83,7 @@ __all__ = [
     "check_finite",
     "fit",
     "loss_step",
+    "make_ema",
     "start_run",
 ]
 
@@ -122,6 +123,17 @@ class Run:
         self.log.log({"event": "done", **result})
         barrier(self.d)
         cleanup_distributed()
+
+
+def make_ema(model: nn.Module, decay: float | None) -> nn.Module | None:
+    """timm's ``ModelEmaV3`` of ``model`` (with its warm-up; frozen) for :func:`fit`'s
+    ``ema``, or None when ``decay`` is None (``--ema-decay``, checked by
+    :func:`~attn_train.cli.check_run_args`)."""
+    if decay is None:
+        return None
+    from timm.utils import ModelEmaV3
+
+    return ModelEmaV3(model, decay=decay, use_warmup=True).requires_grad_(False)
 
 
 def start_run(args: Any) -> Run:
