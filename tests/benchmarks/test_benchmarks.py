@@ -84,11 +84,13 @@ def test_engines_section_runs_every_runtime_on_the_same_weights(benchmarks_run, 
     [
         ("op_profile.py", ["--quick", "--repeats", "2"]),
         ("engines_alone.py", ["--quick", "--batches", "1", "--rounds", "1", "--repeats", "1"]),
+        ("products.py", ["--quick", "--kernels", "--repeats", "1"]),
     ],
 )
 def test_profile_and_separate_process_scripts_run(script, argv):
-    """op_profile.py (ours' ops next to OpenVINO's counters) and engines_alone.py (each
-    runtime in its own process) on the tiny CLIP: their tables come out, outputs agree."""
+    """op_profile.py (ours' ops next to OpenVINO's counters), engines_alone.py (each
+    runtime in its own process) and products.py (the products alone, on each kernel) on
+    the tiny CLIP: their tables come out, outputs agree."""
     pytest.importorskip("openvino")
     bench = Path(__file__).resolve().parents[2] / "benchmarks"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -103,6 +105,12 @@ def test_profile_and_separate_process_scripts_run(script, argv):
         assert "Linear (matrix products of the weights)" in kinds and "layer norm" in kinds
         assert any("_linear_pointwise" in r for r in rows)  # ours' ops
         assert any("FullyConnected" in r for r in rows)  # OpenVINO's node types
+    elif script == "products.py":
+        labels = {r.split(" | ")[0][2:] for r in rows}
+        assert {"tower", "products", "rest (tower - products)"} <= labels
+        assert sum(label.startswith("ours products, ") for label in labels) == 5
+        diff = float(done.stdout.split("max diff ")[1].split(")")[0])
+        assert diff <= 1e-4, done.stdout  # OpenVINO's products are ours
     else:
         fp32 = next(r for r in rows if r.startswith("| fp32 batch 1 "))
         assert float(fp32.split("max diff ")[1].split()[0]) <= 1e-4, fp32
