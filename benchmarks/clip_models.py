@@ -21,6 +21,25 @@ TINY_OC_CFG = {  # --quick: a CLIP small enough to build and run in a second
 }
 
 
+def ours_and_openvino_image(quick: bool) -> tuple[Any, Any]:
+    """Our CLIP ViT-B/32 (``quick``: the tiny one) with random weights, in eval mode, and
+    OpenVINO's model of its image tower, converted from the ONNX graph ``attn_clip.export``
+    writes (``openvino.Model``, not compiled)."""
+    import tempfile
+    from pathlib import Path
+
+    import openvino as ov
+    from attn_clip import CLIPConfig, create_model, get_model_config
+    from attn_clip import export as ex
+
+    torch.manual_seed(0)
+    config = CLIPConfig.from_open_clip(TINY_OC_CFG) if quick else get_model_config("ViT-B-32")
+    with torch.no_grad(), tempfile.TemporaryDirectory() as tmp:
+        ours = random_fill_(create_model(config)).eval()
+        ex.export_onnx(ours, Path(tmp), towers=("image",), verbose=False)
+        return ours, ov.convert_model(str(Path(tmp) / "image.onnx"))
+
+
 def hf_config(oc_cfg: dict[str, Any]) -> Any:
     """A transformers CLIPConfig with the architecture of an open_clip model config."""
     from transformers import CLIPConfig as HFCLIPConfig

@@ -22,12 +22,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 from collections import defaultdict
-from pathlib import Path
 
 import torch
-from harness import random_fill_, time_interleaved
+from harness import time_interleaved
 
 # the first matching pattern names an op's kind of work (ours: aten / mkldnn op names;
 # OpenVINO: node types)
@@ -127,17 +125,12 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     import openvino as ov
-    from attn_clip import CLIPConfig, create_model, get_model_config
     from attn_clip import export as ex
-    from clip_models import TINY_OC_CFG
+    from clip_models import ours_and_openvino_image
 
     threads = torch.get_num_threads()
-    torch.manual_seed(0)
-    config = CLIPConfig.from_open_clip(TINY_OC_CFG) if args.quick else get_model_config("ViT-B-32")
-    with torch.no_grad(), tempfile.TemporaryDirectory() as tmp:
-        ours = random_fill_(create_model(config))
-        ex.export_onnx(ours, Path(tmp), towers=("image",), verbose=False)
-        ov_model = ov.convert_model(str(Path(tmp) / "image.onnx"))
+    ours, ov_model = ours_and_openvino_image(args.quick)
+    config = ours.config
     precision = {"fp32": "f32", "bf16": "bf16"}[args.precision]
     compiled = ex.compile_openvino(ov_model, threads, precision)
     perf = ov.Core().compile_model(

@@ -27,14 +27,12 @@ weight freezing uses for fp32)."""
 from __future__ import annotations
 
 import argparse
-import tempfile
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from attn_core.fast_inference import linear_act
-from harness import random_fill_, time_interleaved
+from harness import time_interleaved
 
 
 def openvino_products(blocks, xw: torch.Tensor, xh: torch.Tensor, threads: int):
@@ -125,20 +123,13 @@ def main() -> None:
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    import openvino as ov
-    from attn_clip import CLIPConfig, create_model, get_model_config
     from attn_clip import export as ex
-    from clip_models import TINY_OC_CFG
+    from clip_models import ours_and_openvino_image
 
     threads = torch.get_num_threads()
-    torch.manual_seed(0)
-    config = CLIPConfig.from_open_clip(TINY_OC_CFG) if args.quick else get_model_config("ViT-B-32")
-    with torch.no_grad(), tempfile.TemporaryDirectory() as tmp:
-        ours = random_fill_(create_model(config)).eval()
-        ex.export_onnx(ours, Path(tmp), towers=("image",), verbose=False)
-        tower = ex.OpenVINOTower(
-            ex.compile_openvino(ov.convert_model(f"{tmp}/image.onnx"), threads)
-        )
+    ours, graph = ours_and_openvino_image(args.quick)
+    config = ours.config
+    tower = ex.OpenVINOTower(ex.compile_openvino(graph, threads))
     trunk = ours.visual.trunk
     blocks = list(trunk.blocks)
     size, patch = config.vision.image_size, config.vision.patch_size
