@@ -121,6 +121,9 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="the tiny CLIP")
     p.add_argument("--kernels", action="store_true", help="our products on other kernels")
     args = p.parse_args()
+    for name in ("batch", "threads", "repeats"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     if args.threads:
         torch.set_num_threads(args.threads)
     from attn_clip import export as ex

@@ -79,6 +79,18 @@ def test_engines_section_runs_every_runtime_on_the_same_weights(benchmarks_run, 
     assert any(g["name"] == "image tower fp32 batch 1 vs OpenVINO" for g in result["goals"])
 
 
+def test_products_refuses_counts_below_one():
+    """products.py: --batch / --repeats / --threads below 1 get one line and exit 2."""
+    bench = Path(__file__).resolve().parents[2] / "benchmarks"
+    for flag in ("--batch", "--repeats", "--threads"):
+        done = subprocess.run(
+            [sys.executable, str(bench / "products.py"), "--quick", flag, "0"],
+            cwd=bench, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 2, done.stderr[-2000:]
+        assert f"{flag} must be at least 1, got 0" in done.stderr.splitlines()[-1]
+
+
 @pytest.mark.parametrize(
     "script, argv",
     [
