@@ -3,33 +3,43 @@ robust image reading, and building the model a user names on the command line.""
 
 from __future__ import annotations
 
+__all__ = [  # the image names are attn_vision.images', InputError attn_core.errors'
+    "IMAGE_EXTENSIONS",
+    "ImageError",
+    "InputError",
+    "check_folder",
+    "find_images",
+    "iter_images",
+    "load_image_file",
+    "open_image",
+    "to_rgb",
+]
+
 import argparse
-import hashlib
-import io
-import math
 import os
 import signal
 import sys
 import unicodedata
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-import numpy as np
-from PIL import Image, ImageOps, UnidentifiedImageError
+from attn_core.errors import InputError
+from attn_vision.images import (  # the one image decoder (re-exported for the apps)
+    IMAGE_EXTENSIONS,
+    ImageError,
+    check_folder,
+    find_images,
+    iter_images,
+    load_image_file,
+    open_image,
+    to_rgb,
+)
 
 DEFAULT_MODEL, DEFAULT_PRETRAINED = "ViT-B-32", "openai"
 DEMO_MODEL = "demo-shapes"
-IMAGE_EXTENSIONS = frozenset(
-    ".jpg .jpeg .jpe .png .bmp .gif .webp .tif .tiff .ppm .pgm .pbm .pnm .jfif".split()
-)
 PRECISIONS = ("fp32", "bf16", "fp16")
-
-
-class InputError(ValueError):
-    """Bad user input: reported as one line on stderr with exit code 2."""
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -109,149 +119,6 @@ def list_models_and_exit() -> int:
 
 def warn(message: str) -> None:
     print(f"warning: {' '.join(str(message).split())}", file=sys.stderr)
-
-
-# -- images --------------------------------------------------------------------------------
-
-
-def to_rgb(img: Image.Image) -> Image.Image:
-    """Any Pillow mode -> 8-bit RGB: alpha is composited on white, 16-bit / 32-bit / float
-    grey levels are rescaled (not clipped), CMYK / YCbCr / palette / 1-bit are converted."""
-    mode = img.mode
-    if mode.startswith("I;16") or mode in ("I", "F"):
-        a = np.asarray(img, dtype=np.float32)
-        if mode == "F" and a.size and a.max() <= 1.0:
-            top = 1.0  # float image in [0, 1]
-        else:
-            top = 65535.0 if mode.startswith("I;16") or (a.size and a.max() > 255) else 255.0
-        grey = np.clip(a / top * 255.0, 0, 255).round().astype(np.uint8)
-        return Image.fromarray(grey, "L").convert("RGB")
-    if mode in ("RGBA", "LA", "La", "RGBa", "PA") or (mode == "P" and "transparency" in img.info):
-        rgba = img.convert("RGBA")
-        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        return Image.alpha_composite(white, rgba).convert("RGB")
-    if mode == "RGB":
-        return img
-    try:
-        return img.convert("RGB")
-    except (ValueError, OSError) as e:
-        raise InputError(f"unsupported image mode {mode!r}: {e}") from None
-
-
-MAX_FILE_BYTES = 1 << 30  # larger "images" are refused before reading them
-MAX_SIDE = 1 << 15  # pixels per side; checked from the header, before decoding
-MAX_ASPECT = 100  # longer side / shorter side
-DRAFT_SIDE = 4096  # JPEGs larger than this square are decoded at 1/2, 1/4 or 1/8 scale
-
-
-def load_image_file(path: str | os.PathLike, draft: int | None = None) -> tuple[Image.Image, str]:
-    """Read and decode ``path``: ``(RGB image with EXIF rotation applied, SHA-256 of the
-    file)``, or raise InputError saying what is wrong: missing, a folder, not an image,
-    truncated / corrupt, so large it could be a decompression bomb (Pillow's warning is
-    treated as an error too), or of extreme size or aspect ratio (checked from the header,
-    before decoding). JPEGs above ``DRAFT_SIDE`` squared pixels are decoded at a reduced
-    scale (Pillow's draft mode), their longer side still >= ``DRAFT_SIDE``; with ``draft``
-    (the model's input side) at the smallest scale whose shorter side stays >= ``draft``."""
-    p = Path(path)
-    if not p.exists():
-        raise InputError(f"image not found: {path}")
-    if p.is_dir():
-        raise InputError(f"{path} is a folder, not an image (use --images DIR for folders)")
-    try:
-        if p.stat().st_size > MAX_FILE_BYTES:
-            raise InputError(f"{path}: file larger than {MAX_FILE_BYTES >> 20} MiB")
-        data = p.read_bytes()
-    except OSError as e:
-        raise InputError(f"{path}: cannot read: {e.strerror or e}") from None
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data)) as img:
-                _check_geometry(img.size)  # from the header: nothing decoded yet
-                scale = 1.0
-                if img.width * img.height > DRAFT_SIDE**2:  # longer side stays >= DRAFT_SIDE
-                    scale = DRAFT_SIDE / max(img.size)
-                if draft:  # shorter side stays >= the model's input (either way up)
-                    scale = min(scale, draft / min(img.size))
-                if img.format == "JPEG" and scale < 1:
-                    img.draft("RGB", (math.ceil(img.width * scale), math.ceil(img.height * scale)))
-                img.load()
-                img = to_rgb(ImageOps.exif_transpose(img))
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
-        raise InputError(f"{path}: refusing a decompression-bomb sized image: {e}") from None
-    except UnidentifiedImageError:
-        raise InputError(f"{path}: not an image (or a format Pillow cannot read)") from None
-    except InputError as e:
-        raise InputError(f"{path}: {e}") from None
-    except Exception as e:  # truncated data, broken chunks, bad EXIF: Pillow raises many types
-        what = "truncated image" if "truncated" in str(e) else "corrupt image"
-        raise InputError(f"{path}: {what} ({type(e).__name__}: {e})") from None
-    return img, hashlib.sha256(data).hexdigest()
-
-
-def _check_geometry(size: tuple[int, int]) -> None:
-    w, h = size
-    if max(w, h) > MAX_SIDE:
-        raise InputError(f"refusing a {w}x{h} image: sides above {MAX_SIDE} pixels")
-    if min(w, h) == 0 or max(w, h) / min(w, h) > MAX_ASPECT:
-        raise InputError(f"refusing a {w}x{h} image: aspect ratio above {MAX_ASPECT}:1")
-
-
-def open_image(path: str | os.PathLike) -> Image.Image:
-    """:func:`load_image_file` without the hash."""
-    return load_image_file(path)[0]
-
-
-def iter_images(
-    paths: list[Path],
-    workers: int = 4,
-    transform: Callable | None = None,
-    draft: int | None = None,
-):
-    """``(path, image, sha256, error)`` for each path, in order, decoded by a thread pool
-    (``error`` is the InputError message and ``image`` None for an unreadable file). With
-    ``transform`` the workers apply it and ``image`` is its result (e.g. the model's input
-    tensor): the decoded pictures are dropped at once, so memory stays that of the inputs.
-    ``draft``: see :func:`load_image_file`."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    def load(path: Path):
-        try:
-            image, digest = load_image_file(path, draft)
-        except InputError as e:
-            return path, None, None, str(e)
-        return path, transform(image) if transform is not None else image, digest, None
-
-    if workers <= 1:
-        yield from map(load, paths)
-        return
-    with ThreadPoolExecutor(workers) as pool:
-        window = workers * 4  # bounded read-ahead: memory stays flat on huge folders
-        for start in range(0, len(paths), window):
-            yield from pool.map(load, paths[start : start + window])
-
-
-def check_folder(root: Path) -> None:
-    """InputError unless ``root`` is a folder (a file there gets its own message)."""
-    if root.is_file():
-        raise InputError(f"{root} is a file, not a folder of images (use --image for one file)")
-    if not root.is_dir():
-        raise InputError(f"image folder not found: {root}")
-
-
-def find_images(root: str | os.PathLike) -> list[Path]:
-    """Every file with an image extension under ``root`` (recursive, sorted, no hidden dirs)."""
-    root = Path(root)
-    check_folder(root)
-    found = []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        found += [
-            Path(dirpath) / f
-            for f in filenames
-            if Path(f).suffix.lower() in IMAGE_EXTENSIONS and not f.startswith(".")
-        ]
-    return sorted(found)
 
 
 # -- models --------------------------------------------------------------------------------

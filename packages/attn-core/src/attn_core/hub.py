@@ -48,6 +48,14 @@ from urllib.parse import urlparse
 import torch
 from torch import nn
 
+from .errors import (  # re-exported: hub is where users look for them
+    CheckpointError,
+    UnsafeCheckpointError,
+    WeightsError,
+    WeightsUnavailableError,
+)
+from .torchscript import is_torchscript_archive, read_torchscript_archive
+
 __all__ = [
     "CheckpointError",
     "UnsafeCheckpointError",
@@ -71,22 +79,6 @@ __all__ = [
 StateDict = dict[str, torch.Tensor]
 ETAG_TIMEOUT = 10.0  # seconds to wait for the hub's metadata answer (huggingface_hub: 10)
 CONNECT_TIMEOUT = 3.0  # seconds for the quick "is the hub reachable at all" check
-
-
-class WeightsError(Exception):
-    """Base of every weight-loading failure in attn-zoo; apps catch this one."""
-
-
-class WeightsUnavailableError(WeightsError, OSError):
-    """The weights are not on disk, not in the hub cache, and cannot be downloaded."""
-
-
-class CheckpointError(WeightsError, ValueError):
-    """A checkpoint cannot be read, or does not fit the model it is loaded into."""
-
-
-class UnsafeCheckpointError(CheckpointError):
-    """A checkpoint that would run code when loaded, or names files outside its folder."""
 
 
 # -- find / download -----------------------------------------------------------------------
@@ -255,8 +247,6 @@ def read_state_dict(path: str | os.PathLike) -> StateDict:
             return load_file(str(path), device="cpu")
         except Exception as e:  # SafetensorError for truncated / corrupt files
             raise CheckpointError(f"cannot read safetensors file {path}: {e}") from None
-    from .torchscript import is_torchscript_archive, read_torchscript_archive
-
     if is_torchscript_archive(path):
         return read_torchscript_archive(path)
     return _torch_load(path)

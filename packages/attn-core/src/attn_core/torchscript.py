@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from .hub import CheckpointError, UnsafeCheckpointError
+from .errors import CheckpointError, UnsafeCheckpointError
 
 __all__ = ["ScriptObject", "is_torchscript_archive", "read_torchscript_archive"]
 

@@ -28,7 +28,6 @@ DDP-vs-single-process comparisons need.
 from __future__ import annotations
 
 import contextlib
-import csv
 import os
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
+from attn_vision.images import ImageError, open_image, read_captions_csv
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_collate
 from torchvision.datasets import ImageFolder
@@ -107,7 +107,7 @@ def make_loader(
     )
 
 
-_UNREADABLE = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
+_UNREADABLE = (ImageError, OSError)
 
 
 class UnreadableImageWarning(UserWarning):
@@ -119,10 +119,15 @@ class UnreadableDataError(ValueError):
 
 
 def load_rgb(path: str | os.PathLike) -> Image.Image:
-    """Open and fully decode an image as RGB (raises ``OSError`` & co. when unreadable)."""
-    with Image.open(path) as img:
-        img.load()  # decode now, so a truncated file fails here and not in a transform
-        return img.convert("RGB")
+    """The image as the apps see it (``attn_vision.images.open_image``: fully decoded, EXIF
+    rotation applied, alpha on white, 16-bit rescaled); ``ImageError`` when unreadable."""
+    return open_image(path)
+
+
+def _reason(error: Exception, path: str) -> str:
+    """An :class:`ImageError`'s message without the path it starts with."""
+    text = str(error)
+    return text[len(path) + 2 :] if text.startswith(f"{path}: ") else text
 
 
 class _SkipAndSeed:
@@ -164,7 +169,7 @@ class _SkipAndSeed:
                 load_rgb(path)
                 return
             except _UNREADABLE as e:
-                first = first or f"{path}: {type(e).__name__}: {e}"
+                first = first or f"{path}: {_reason(e, path)}"
         raise UnreadableDataError(
             f"none of the {len(paths)} images of {self.source} can be read (missing, truncated "
             f"or not images): nothing to train on. The first: {first}"
@@ -187,15 +192,11 @@ class _SkipAndSeed:
             if path not in self._warned:
                 self._warned.add(path)
                 warnings.warn(
-                    f"skipping unreadable image {path}: {type(e).__name__}: {e}",
+                    f"skipping unreadable image {path}: {_reason(e, path)}",
                     UnreadableImageWarning,
                     stacklevel=3,
                 )
             return None
-
-
-def _sniff_separator(header: str) -> str:
-    return "\t" if "\t" in header else ","
 
 
 class CsvImageTextDataset(_SkipAndSeed, Dataset):
@@ -206,7 +207,9 @@ class CsvImageTextDataset(_SkipAndSeed, Dataset):
         transform: PIL image -> tensor (e.g. :func:`attn_clip.image_transform`).
         tokenizer: captions -> ``(1, L)`` ids; None keeps the caption string.
         img_key, caption_key: column names (open_clip's ``--csv-img-key`` /
-            ``--csv-caption-key``; defaults ``filepath`` / ``title``).
+            ``--csv-caption-key``; defaults ``filepath`` / ``title``; None: the first
+            known name the header has, see ``attn_vision.images.read_captions_csv``, the
+            one reader of captions CSVs).
         sep: column separator; None detects tab or comma from the header line.
         seed: makes random transforms a function of ``(seed, epoch, index)``.
 
@@ -218,34 +221,16 @@ class CsvImageTextDataset(_SkipAndSeed, Dataset):
         path: str | os.PathLike,
         transform: Callable[[Image.Image], Any] | None = None,
         tokenizer: Callable[[list[str]], torch.Tensor] | None = None,
-        img_key: str = "filepath",
-        caption_key: str = "title",
+        img_key: str | None = "filepath",
+        caption_key: str | None = "title",
         sep: str | None = None,
         seed: int | None = None,
     ) -> None:
         self.path = Path(path)
         self.transform, self.tokenizer = transform, tokenizer
         self._init_common(seed)
-        with open(self.path, newline="", encoding="utf-8") as f:
-            header = f.readline()
-            f.seek(0)
-            reader = csv.DictReader(f, delimiter=sep or _sniff_separator(header))
-            missing = [k for k in (img_key, caption_key) if k not in (reader.fieldnames or [])]
-            if missing:
-                raise ValueError(
-                    f"{self.path}: no column(s) {missing}; the header has {reader.fieldnames} "
-                    "(choose with img_key= / caption_key=, i.e. --csv-img-key / --csv-caption-key)"
-                )
-            rows = []
-            for line, row in enumerate(reader, start=2):
-                image, text = row[img_key], row[caption_key]
-                if not image or text is None:
-                    raise ValueError(f"{self.path}:{line}: empty image path or caption")
-                rows.append((image, text))
-        if not rows:
-            raise ValueError(f"{self.path} has no rows")
-        base = self.path.parent
-        self.images = [str(p if os.path.isabs(p) else base / p) for p, _ in rows]
+        rows = read_captions_csv(path, img_key=img_key, caption_key=caption_key, sep=sep)
+        self.images = [str(p) for p, _ in rows]
         self.captions = [t for _, t in rows]
         if not any(map(os.path.isfile, self.images)):  # stops at the first file found
             raise ValueError(
