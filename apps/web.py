@@ -33,8 +33,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import retrieval  # apps/retrieval.py: index files and the model an index was made with
-import zero_shot  # apps/zero_shot.py: templates and the zero-shot classifier
 from _common import (  # the helpers shared by the command-line apps
     DEFAULT_MODEL,
     DEFAULT_PRETRAINED,
@@ -50,6 +48,8 @@ from _common import (  # the helpers shared by the command-line apps
     run,
     warn,
 )
+from attn_clip.retrieval.errors import RetrievalError
+from attn_clip.retrieval.fingerprint import describe_model
 
 ASSETS = Path(__file__).resolve().parents[1] / "docs" / "assets"
 EXAMPLES = [  # (image under docs/assets, labels): shown under the zero-shot inputs
@@ -67,6 +67,7 @@ THUMB = 256  # gallery thumbnails (pixels, longer side)
 MAX_UPLOAD = "100mb"  # per file; larger uploads are refused by the server
 QUEUE_SIZE = 64  # requests waiting; more get "queue full" in the page
 CLASSIFIER_CACHE = 32  # label sets whose text embeddings are kept
+DEFAULT_TEMPLATE = "a photo of a {}."  # apps/zero_shot.py's
 
 
 # -- the functions behind the tabs (no Gradio needed) --------------------------------------
@@ -86,17 +87,23 @@ def parse_labels(text: str | None) -> list[str]:
     return labels
 
 
-def parse_templates(text: str | None) -> list:
-    """One template per line, each with ``{}`` for the label; none: the default template.
-    Checked by apps/zero_shot.py's ``read_templates`` (the --template check)."""
+def parse_templates(text: str | None) -> list[str]:
+    """One template per line, each with exactly one ``{}`` for the label (repeats dropped);
+    none: the default template."""
     templates = [t.strip() for t in (text or "").splitlines() if t.strip()]
     if len(templates) > MAX_TEMPLATES:
         raise InputError(f"too many templates: {len(templates)} (at most {MAX_TEMPLATES})")
-    args = argparse.Namespace(template=templates or None, imagenet=False)
-    try:
-        return zero_shot.read_templates(args)
-    except InputError as e:
-        raise InputError(str(e).replace("--template ", "template ", 1)) from None
+    for t in templates:
+        try:
+            ok = "{}" in t and t.format("x") != t
+        except (IndexError, KeyError, ValueError):
+            ok = False
+        if not ok:
+            raise InputError(
+                f"template {t!r} must contain exactly one '{{}}' for the label, e.g. "
+                f"{DEFAULT_TEMPLATE!r}"
+            )
+    return list(dict.fromkeys(templates)) or [DEFAULT_TEMPLATE]
 
 
 def open_upload(path: str | os.PathLike | None, what: str = "image") -> Any:
@@ -143,46 +150,47 @@ class Hit:
 
 @dataclass
 class SearchIndex:
-    base: Path
-    manifest: dict[str, Any]
-    index: Any  # attn_clip.EmbeddingIndex
+    index: Any  # attn_clip.RetrievalIndex (written by apps/retrieval.py index)
     problem: str | None = None  # why it cannot be searched with the loaded model
 
+    @property
+    def base(self) -> Path:
+        return self.index.base
+
     def describe(self) -> str:
-        m = self.manifest
         return (
-            f"`{self.base.name}`: {len(self.index)} images under `{m['root']}`, "
-            f"built with {retrieval.describe(m['model'])}"
+            f"`{self.base.name}`: {len(self.index)} images under `{self.index.root}`, "
+            f"built with {self.index.record.describe()}"
         )
 
 
 def open_index(path: str | os.PathLike) -> SearchIndex:
     """An index written by apps/retrieval.py (manifest + embeddings, checked together)."""
-    base = retrieval.index_base(path)
-    manifest, index = retrieval.load_index(base)
-    return SearchIndex(base, manifest, index)
+    from attn_clip.retrieval import IndexNotFoundError, RetrievalIndex
+
+    try:
+        return SearchIndex(RetrievalIndex.open(path))
+    except IndexNotFoundError as e:
+        raise InputError(f"{e}; build it with: apps/retrieval.py index DIR --out") from None
 
 
 def index_problem(idx: SearchIndex, loaded: LoadedModel, precision: str) -> str | None:
     """Why ``idx`` cannot be searched with ``loaded`` (another model, or other weights under
-    the same name), or None -- the checks of apps/retrieval.py's search."""
-    import torch
+    the same name), or None; else the index searches with ``loaded`` from now on."""
+    from attn_clip.retrieval import IndexModel
 
-    recorded = idx.manifest["model"]
-    if (loaded.name, loaded.pretrained) != (recorded["name"], recorded["pretrained"]):
-        here = retrieval.describe({"name": loaded.name, "pretrained": loaded.pretrained})
+    recorded = idx.index.record
+    if (loaded.name, loaded.pretrained) != (recorded.name, recorded.pretrained):
         return (
-            f"{idx.base.name} was built with {retrieval.describe(recorded)}, not with the "
-            f"loaded {here}: its embeddings only make sense with that model. Restart without "
-            f"--model / --pretrained to use the index's model, or rebuild the index with this one."
+            f"{idx.base.name} was built with {recorded.describe()}, not with the loaded "
+            f"{describe_model(loaded.name, loaded.pretrained)}: its embeddings only make sense "
+            "with that model. Restart without --model / --pretrained to use the index's "
+            "model, or rebuild the index with this one."
         )
-    now = torch.tensor(retrieval.model_record(loaded, precision)["probe"])
-    then = torch.tensor(recorded["probe"])
-    if now.shape != then.shape or float(now @ then) < retrieval.PROBE_MIN_COSINE:
-        return (
-            f"the weights of {retrieval.describe(recorded)} are not the ones {idx.base.name} "
-            "was built with (their embeddings differ): rebuild the index"
-        )
+    try:
+        idx.index.model = IndexModel(**vars(loaded), precision=precision)
+    except RetrievalError as e:
+        return str(e)
     return None
 
 
@@ -197,21 +205,26 @@ class WebDemo:
 
     @property
     def model_name(self) -> str:
-        return retrieval.describe({"name": self.loaded.name, "pretrained": self.loaded.pretrained})
+        return describe_model(self.loaded.name, self.loaded.pretrained)
 
     @property
     def sigmoid(self) -> bool:
         return self.loaded.model.logit_bias is not None
 
-    def _classifier(self, labels: list[str], templates: list):
+    def _classifier(self, labels: list[str], templates: list[str]):
+        import attn_clip
         import torch
 
-        key = (tuple(labels), tuple(zero_shot._template_text(t) for t in templates))
+        key = (tuple(labels), tuple(templates))
         if key in self._classifiers:
             self._classifiers.move_to_end(key)
             return self._classifiers[key]
-        with torch.inference_mode():
-            classifier = zero_shot.build_classifier(self.loaded, labels, templates, cache=False)
+        loaded = self.loaded
+        with torch.inference_mode():  # apps/zero_shot.py's classifier (batches of <= 800)
+            classifier = attn_clip.build_zero_shot_classifier(
+                loaded.model, loaded.tokenizer, labels, templates,
+                batch_size=max(1, 800 // len(templates)), device=loaded.device,
+            )  # fmt: skip
         self._classifiers[key] = classifier
         while len(self._classifiers) > CLASSIFIER_CACHE:
             self._classifiers.popitem(last=False)
@@ -226,10 +239,7 @@ class WebDemo:
         return [
             label
             for label in labels
-            if max(
-                len(tokenizer.encode(zero_shot._template_text(t).format(label))) for t in templates
-            )
-            > room
+            if max(len(tokenizer.encode(t.format(label))) for t in templates) > room
         ]
 
     def classify(
@@ -303,22 +313,10 @@ class WebDemo:
             raise InputError(f"top-k must be a number, got {k!r}") from None
         if not 1 <= k <= MAX_TOP_K:
             raise InputError(f"top-k must be between 1 and {MAX_TOP_K}, got {k}")
-        loaded = self.loaded
         image = open_upload(image_path, "query image") if has_image else None
         with self._lock, torch.inference_mode():
-            if image is None:
-                q = retrieval.embed_texts(loaded, [text], 1)
-            else:
-                x = loaded.preprocess(image)[None].to(loaded.device)
-                q = loaded.model.encode_image(x, normalize=True).float().cpu()
-            found = self.index.index.search(q, k=k)
-        root = Path(self.index.manifest["root"])
-        hits = []
-        for rank, (rel, score) in enumerate(
-            zip(found.ids[0], found.scores[0].tolist(), strict=True), 1
-        ):
-            hits.append(Hit(rank, rel, float(score), thumbnail(root / rel)))
-        return hits
+            found = self.index.index.search(text if image is None else image, k=k)
+        return [Hit(rank, h.id, h.score, thumbnail(h.path)) for rank, h in enumerate(found, 1)]
 
 
 def thumbnail(path: Path):
@@ -442,7 +440,7 @@ def build_app(demo: WebDemo):
                         elem_id="zs-labels",
                     )
                     zs_template = gr.Textbox(
-                        placeholder=zero_shot.DEFAULT_TEMPLATE,
+                        placeholder=DEFAULT_TEMPLATE,
                         label="Template, with {} for the label (optional; one per line)",
                         elem_id="zs-template",
                     )
@@ -548,7 +546,8 @@ def load_demo(args: argparse.Namespace) -> WebDemo:
     _gradio()  # fail fast, before loading a model
     idx = open_index(args.index) if args.index else None
     if idx is not None and args.model is None and args.pretrained is None:
-        loaded = retrieval.load_recorded_model(args, idx.manifest["model"])
+        recorded = idx.index.record
+        loaded = load_model(recorded.name, recorded.pretrained, args.device, args.precision)
     elif args.model is None and args.pretrained is None:
         try:
             loaded = load_model(DEFAULT_MODEL, DEFAULT_PRETRAINED, args.device, args.precision)

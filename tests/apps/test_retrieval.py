@@ -1,89 +1,51 @@
-"""apps/retrieval.py, run as a user would, with the bundled demo-shapes CLIP on generated
-shapes: index (skipping a broken file), text and image search with a contact sheet,
---update (new / changed / removed / touched files), eval recall@k, and the clear errors
-(another model than the index's, unreadable index, bad queries and CSVs)."""
+"""apps/retrieval.py with the bundled demo-shapes CLIP on generated shapes: index (skipping a
+broken file), text and image search with a contact sheet, --update (new / changed / removed
+/ touched files), eval recall@k, and the clear errors (another model than the index's,
+unreadable index, bad queries and CSVs). In process (``main(argv)``); one real process
+checks what only a process shows (exit code 2, one line on stderr)."""
 
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+import retrieval
+from _support.retrieval import (
+    GALLERY,
+    call,
+    one_line_error,
+    rel_name,
+    render,
+    run_app,
+    shapes_gallery,  # noqa: F401  (a fixture)
+    shapes_index,  # noqa: F401  (a fixture)
+    tiny_siglip,
+)
 from PIL import Image
-
-ROOT = Path(__file__).resolve().parents[2]
-APP = ROOT / "apps" / "retrieval.py"
-
-# (colour, shape, size, position, seed): three red circles, two of each other kind
-GALLERY = [
-    ("red", "circle", "large", "center", 0),
-    ("red", "circle", "medium", "top left", 1),
-    ("red", "circle", "large", "bottom right", 2),
-    ("blue", "square", "large", "center", 3),
-    ("blue", "square", "medium", "right", 4),
-    ("green", "triangle", "large", "center", 5),
-    ("green", "triangle", "medium", "left", 6),
-    ("yellow", "star", "large", "center", 7),
-    ("yellow", "star", "medium", "bottom", 8),
-    ("purple", "cross", "large", "center", 9),
-]
-
-
-def run(*args, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(APP), *map(str, args)],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={"HF_HUB_OFFLINE": "1", "PATH": os.environ.get("PATH", "/usr/bin:/bin")},
-    )
-
-
-def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
-    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
-    assert "Traceback" not in proc.stderr, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-
-
-def render(colour, shape, size, position, seed) -> Image.Image:
-    from attn_train import shapes
-
-    return shapes.render_shape(colour, shape, size, position, seed=seed, noise=0.0)
-
-
-def rel_name(colour, shape, size, position, seed) -> str:
-    return f"{shape}s/{colour}_{shape}_{seed}.png"
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
+def built(shapes_gallery, shapes_index):  # noqa: F811
     """The gallery (10 shapes + a broken file, nested) and its index, built by the app."""
-    work = tmp_path_factory.mktemp("retrieval")
-    gallery = work / "gallery"
-    for item in GALLERY:
-        path = gallery / rel_name(*item)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        render(*item).save(path)
-    (gallery / "stars" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
-    proc = run("index", gallery, "--out", work / "shapes.idx", "--model", "demo-shapes", "--json")
-    assert proc.returncode == 0, proc.stderr
-    summary = json.loads(proc.stdout)
+    index, summary = shapes_index
     assert summary["images"] == 10 and summary["added"] == 10 and summary["skipped"] == 1
-    assert "broken.png" in proc.stderr and "Traceback" not in proc.stderr
-    names = sorted(p.name for p in work.iterdir() if p.name.startswith(("shapes.idx", ".")))
+    names = sorted(p.name for p in index.parent.iterdir())
     assert names == ["shapes.idx.g1.json", "shapes.idx.g1.safetensors", "shapes.idx.manifest.json"]
-    return work, gallery, work / "shapes.idx"
+    return shapes_gallery, index
+
+
+def test_index_skips_the_broken_file_with_a_warning(shapes_gallery, tmp_path):  # noqa: F811
+    result = call(retrieval.main, "index", shapes_gallery, "--out", tmp_path / "i", "--model",
+                  "demo-shapes")  # fmt: skip
+    assert result.code == 0, result.err
+    assert "broken.png" in result.err and "Traceback" not in result.err
+    assert result.out.startswith(f"indexed 10 images under {shapes_gallery} with demo-shapes")
+    assert "(10 added, 1 skipped)" in result.out and "i.g1.*" in result.out
 
 
 def copy_index(src: Path, dst: Path) -> None:
@@ -93,22 +55,21 @@ def copy_index(src: Path, dst: Path) -> None:
 
 
 def load_embeddings(base: Path):
-    import attn_clip
+    from attn_clip.retrieval import load_index_set
 
-    manifest = Path(f"{base}.manifest.json")
-    return attn_clip.load_index_set(base, lambda: json.loads(manifest.read_text()))[1]
+    return load_index_set(base)[1]
 
 
 def test_search_text_and_image_with_grid_then_eval(built, tmp_path):
-    work, gallery, index = built
+    gallery, index = built
     star = gallery / rel_name(*GALLERY[7])
     grid = tmp_path / "grid.png"
-    proc = run(
-        "search", index, "--text", "a red circle", "--text", "a blue square",
+    result = call(
+        retrieval.main, "search", index, "--text", "a red circle", "--text", "a blue square",
         "--image", star, "--top-k", "3", "--grid", grid, "--json",
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    red, blue, by_image = (json.loads(line) for line in proc.stdout.splitlines())
+    assert result.code == 0, result.err
+    red, blue, by_image = (json.loads(line) for line in result.out.splitlines())
     assert red["query"] == "a red circle" and red["type"] == "text"
     assert [Path(h["path"]).name.startswith("red_circle") for h in red["hits"]] == [True] * 3
     assert all(Path(h["path"]).name.startswith("blue_square") for h in blue["hits"][:2])
@@ -118,6 +79,9 @@ def test_search_text_and_image_with_grid_then_eval(built, tmp_path):
     assert scores == sorted(scores, reverse=True)
     with Image.open(grid) as sheet:  # 3 query rows x (query + 3 hits) columns
         assert sheet.format == "PNG" and sheet.width > sheet.height > 3 * 160
+    text = call(retrieval.main, "search", index, "--text", "a red circle", "--top-k", "2")
+    assert text.out.splitlines()[0] == "text: a red circle"
+    assert text.out.splitlines()[1].split()[2] == red["hits"][0]["path"]
 
     # eval: captions for every indexed image (reused from the index) plus one new image
     extra = tmp_path / "orange_square.png"
@@ -131,21 +95,23 @@ def test_search_text_and_image_with_grid_then_eval(built, tmp_path):
             w.writerow([path, f"a {size} {colour} {shape}"])
             w.writerow([path, f"a photo of a {colour} {shape}"])
         w.writerow([extra.name, "a large orange square"])  # relative to the CSV
-    proc = run("eval", "--csv", captions, "--index", index, "--json")
-    assert proc.returncode == 0, proc.stderr
-    metrics = json.loads(proc.stdout)
+    result = call(retrieval.main, "eval", "--csv", captions, "--index", index, "--json")
+    assert result.code == 0, result.err
+    metrics = json.loads(result.out)
     assert metrics["images"] == 11 and metrics["captions"] == 21
     for direction in ("image_to_text", "text_to_image"):
         values = [metrics[f"{direction}_R@{k}"] for k in (1, 5, 10)]
         assert values == sorted(values) and values[-1] >= 0.9, metrics
         assert values[0] >= 0.3, metrics  # several same-kind shapes: R@1 cannot be perfect
+    fresh = call(retrieval.main, "eval", "--csv", captions, "--model", "demo-shapes", "--json")
+    assert json.loads(fresh.out) == pytest.approx(metrics, abs=1e-6)  # (all embedded again)
 
 
 def test_update_adds_changes_removes(built, tmp_path):
     """--update on a moved copy: one new, one changed, one deleted and one merely touched
     file; only the new and changed ones are embedded."""
 
-    work, gallery, index = built
+    gallery, index = built
     copy = tmp_path / "gallery"
     shutil.copytree(gallery, copy)  # keeps the mtimes
     out = tmp_path / "copy.idx"
@@ -161,9 +127,9 @@ def test_update_adds_changes_removes(built, tmp_path):
     later = time.time() + 5
     os.utime(touched, (later, later))  # new mtime, same bytes: unchanged by its SHA-256
 
-    proc = run("index", copy, "--out", out, "--update", "--json")
-    assert proc.returncode == 0, proc.stderr
-    summary = json.loads(proc.stdout)
+    result = call(retrieval.main, "index", copy, "--out", out, "--update", "--json")
+    assert result.code == 0, result.err
+    summary = json.loads(result.out)
     expected = {"images": 10, "added": 1, "updated": 1, "removed": 1, "unchanged": 8}
     assert {k: summary[k] for k in expected} == expected and summary["skipped"] == 1, summary
     after = load_embeddings(out)
@@ -182,7 +148,7 @@ def test_update_adds_changes_removes(built, tmp_path):
 
 
 def test_bad_input_exits_2_with_one_line(built, tmp_path):
-    work, gallery, index = built
+    gallery, index = built
     (tmp_path / "bad.csv").write_text("name,label\na.png,a cat\n")
     cases = [
         (("search", index, "--text", "x", "--model", "ViT-B-32"), "built with demo-shapes"),
@@ -192,65 +158,56 @@ def test_bad_input_exits_2_with_one_line(built, tmp_path):
         (("search", index), "nothing to search for"),
         (("search", index, "--image", tmp_path / "q.jpg"), "image not found"),
         (("index", tmp_path / "nowhere", "--out", tmp_path / "i"), "image folder not found"),
-        (("eval", "--csv", tmp_path / "bad.csv"), "needs a header"),
+        (("eval", "--csv", tmp_path / "bad.csv"), "no column"),
         (("eval", "--csv", tmp_path / "missing.csv"), "not found"),
     ]
     for args, needle in cases:
-        assert_one_line_error(run(*args), needle)
+        result = call(retrieval.main, *args)
+        assert result.code == 2, (args, result.out, result.err)
+        one_line_error(result.err, needle)
+    assert list(tmp_path.iterdir()) == [tmp_path / "bad.csv"]  # nothing created
 
 
-def test_corrupt_index_in_process(built, tmp_path, capsys, monkeypatch):
+def test_a_real_process_exits_2_with_one_line(tmp_path):
+    """The process boundary: exit code 2 and one line on stderr, no traceback (this error
+    comes before torch is imported: a fast interpreter)."""
+    proc = run_app("retrieval", "search", tmp_path / "nothing.idx", "--text", "x")
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    one_line_error(proc.stderr, "no index at", "build it with: index DIR --out")
+
+
+def test_corrupt_index(built, tmp_path):
     """A truncated tensor file (its SHA-256 no longer matches) is refused when the index is
-    loaded (main() called directly: torch is imported already)."""
-    work, gallery, index = built
+    loaded."""
+    _, index = built
     broken = tmp_path / "broken.idx"
     copy_index(index, broken)
     data = Path(f"{index}.g1.safetensors").read_bytes()
     Path(f"{broken}.g1.safetensors").write_bytes(data[: len(data) // 2])
-    monkeypatch.syspath_prepend(str(ROOT / "apps"))  # as when run as a script
-    spec = importlib.util.spec_from_file_location("retrieval_app", APP)
-    app = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, app)
-    spec.loader.exec_module(app)
-    assert app.main(["search", str(broken), "--text", "a red circle"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "unreadable index" in err[0] and "corrupt" in err[0], err
+    result = call(retrieval.main, "search", broken, "--text", "a red circle")
+    assert result.code == 2
+    one_line_error(result.err, "unreadable index", "corrupt")
 
 
-def test_siglip_search_shows_match_probabilities(built, tmp_path, capsys, monkeypatch):
+def test_siglip_search_shows_match_probabilities(built, tmp_path):
     """With a SigLIP-style model (a logit bias) a text query's hits also get SigLIP's sigmoid
     probability of matching; image queries (image-image cosines) do not."""
-    from dataclasses import replace
-
     import attn_clip
     import torch
 
-    work, gallery, _ = built
-    cfg = attn_clip.get_model_config("ViT-B-16-SigLIP")
-    v = replace(cfg.vision, image_size=32, patch_size=8, width=32, layers=1, head_width=16)
-    # OpenAI's BPE here (no tokenizer download): the towers and the logit bias are SigLIP's
-    t = replace(cfg.text, width=32, heads=2, layers=1, context_length=16, vocab_size=49408,
-                hf_tokenizer_name=None, tokenizer_kwargs=None)  # fmt: skip
-    folder = tmp_path / "siglip"
-    attn_clip.save_pretrained(attn_clip.create_model(replace(cfg, embed_dim=32, vision=v, text=t)),
-                              folder)  # fmt: skip
-    monkeypatch.syspath_prepend(str(ROOT / "apps"))
-    spec = importlib.util.spec_from_file_location("retrieval_app_siglip", APP)
-    app = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, app)
-    spec.loader.exec_module(app)
+    gallery, _ = built
+    folder = tiny_siglip(tmp_path / "siglip")
     index = tmp_path / "siglip.idx"
-    assert app.main(["index", str(gallery), "--out", str(index), "--model", str(folder)]) == 0
-    capsys.readouterr()
+    assert call(retrieval.main, "index", gallery, "--out", index, "--model", folder).code == 0
     query = str(gallery / rel_name(*GALLERY[0]))
-    argv = ["search", str(index), "--text", "a red circle", "--image", query, "--top-k", "3"]
-    assert app.main([*argv, "--json"]) == 0
-    text_hits, image_hits = (json.loads(line) for line in capsys.readouterr().out.splitlines())
+    argv = ["search", index, "--text", "a red circle", "--image", query, "--top-k", "3"]
+    result = call(retrieval.main, *argv, "--json")
+    assert result.code == 0, result.err
+    text_hits, image_hits = (json.loads(line) for line in result.out.splitlines())
     model = attn_clip.create_model(str(folder))
     for hit in text_hits["hits"]:
         with torch.no_grad():
             want = torch.sigmoid(model.logit_scale.exp() * hit["score"] + model.logit_bias)
         assert abs(hit["prob"] - float(want)) < 1e-5
     assert all("prob" not in hit for hit in image_hits["hits"])
-    assert app.main(argv) == 0
-    assert "p(match)" in capsys.readouterr().out
+    assert "p(match)" in call(retrieval.main, *argv).out

@@ -53,6 +53,10 @@ _EXPORTS = {
     "retrieval": [
         "EmbeddingIndex",
         "IndexBusyError",
+        "IndexFormatError",
+        "IndexModel",
+        "RetrievalError",
+        "RetrievalIndex",
         "SearchResult",
         "evaluate_retrieval",
         "index_lock",
@@ -134,7 +138,12 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     from .retrieval import (
         EmbeddingIndex,
         IndexBusyError,
+        IndexFormatError,
+        IndexModel,
+        RetrievalError,
+        RetrievalIndex,
         SearchResult,
+        evaluate_retrieval,
         index_lock,
         load_index_set,
         retrieval_metrics,

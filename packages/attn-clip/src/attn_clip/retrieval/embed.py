@@ -1,0 +1,189 @@
+"""Embedding for an index: the model bundle, the image loop over a folder, text queries.
+
+:class:`IndexModel` is a CLIP with its transforms and what identifies its weights (the
+name and tag recorded in the manifest). :func:`embed_images` reads and embeds image files
+in batches: ``workers`` threads decode (JPEGs in Pillow's draft mode, at the smallest scale
+that still covers the model's input) and preprocess up to two batches ahead of the model,
+so decoding goes on while the model runs and memory stays bounded.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from attn_vision.images import ImageError, iter_images
+
+from .fingerprint import ModelRecord
+
+__all__ = ["IndexModel", "embed_files", "embed_images", "read_ahead"]
+
+
+@dataclass
+class IndexModel:
+    """A CLIP ready to embed for an index (the fields of the apps' ``LoadedModel``)."""
+
+    model: Any  # attn_clip.CLIP, in eval mode
+    preprocess: Any  # PIL image -> (3, H, W)
+    tokenizer: Any  # list[str] -> (n, L)
+    name: str  # what identifies the weights: the model name (or absolute folder)
+    pretrained: str | None  # tag or absolute path
+    device: torch.device
+    precision: str = "fp32"
+
+    @classmethod
+    def load(
+        cls,
+        name: str,
+        pretrained: str | None = None,
+        *,
+        device: str | torch.device | None = None,
+        precision: str = "fp32",
+    ) -> IndexModel:
+        """Build ``name`` with ``pretrained`` weights (``attn_clip.create_model_and_transforms``;
+        its errors as they are). ``device``: default cuda when available, else cpu."""
+        from ..factory import create_model_and_transforms
+
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = torch.device(device)
+        model, preprocess, tokenizer = create_model_and_transforms(
+            name, pretrained, device=device, precision=precision
+        )
+        return cls(model.eval(), preprocess, tokenizer, name, pretrained, device, precision)
+
+    @classmethod
+    def from_record(
+        cls, record: ModelRecord, *, device: str | torch.device | None = None, precision=None
+    ) -> IndexModel:
+        """The model an index was built with (:class:`~.errors.ModelMismatchError` when its
+        weights no longer give the recorded embeddings)."""
+        precision = precision or record.precision or "fp32"
+        loaded = cls.load(record.name, record.pretrained, device=device, precision=precision)
+        record.check(loaded.model, loaded.tokenizer, precision)
+        return loaded
+
+    def record(self) -> ModelRecord:
+        """What a manifest records about this model."""
+        return ModelRecord.of(self.model, self.tokenizer, self.name, self.pretrained,
+                              self.precision)  # fmt: skip
+
+    @torch.no_grad()
+    def embed_texts(self, texts: list[str], batch_size: int = 32) -> torch.Tensor:
+        """Normalized float32 text embeddings ``(len(texts), E)`` on the CPU."""
+        out = []
+        for start in range(0, len(texts), batch_size):
+            tokens = self.tokenizer(texts[start : start + batch_size]).to(self.device)
+            out.append(self.model.encode_text(tokens, normalize=True).float().cpu())
+        return torch.cat(out)
+
+    @torch.no_grad()
+    def embed_pil(self, images: list) -> torch.Tensor:
+        """Normalized float32 embeddings ``(len(images), E)`` of PIL images, on the CPU."""
+        x = torch.stack([self.preprocess(im) for im in images]).to(self.device)
+        return self.model.encode_image(x, normalize=True).float().cpu()
+
+
+def embed_images(
+    model: IndexModel,
+    paths: list[Path],
+    *,
+    batch_size: int = 32,
+    workers: int = 4,
+    desc: str = "embedding",
+    progress: bool = True,
+) -> Iterator[tuple[Path, torch.Tensor | None, str | None, str | None]]:
+    """Yield ``(path, embedding (E,) or None, sha256, error)`` for each path in order, with
+    a tqdm progress bar (``progress=False``: none). An unreadable file gets ``error`` (the
+    image decoder's message) and no embedding."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(paths), unit="img", desc=desc, disable=None if progress else True)
+    side = max(getattr(model.preprocess, "size", None) or (0,))
+    stream = iter_images(paths, workers, transform=model.preprocess, draft=side or None)
+    if workers > 0:
+        stream = read_ahead(stream, 2 * batch_size)
+    try:
+        while batch := list(itertools.islice(stream, batch_size)):
+            good = [(p, x, h) for p, x, h, err in batch if err is None]
+            embs = []
+            if good:
+                x = torch.stack([x for _, x, _ in good]).to(model.device)
+                with torch.no_grad():
+                    embs = model.model.encode_image(x, normalize=True).float().cpu()
+            it = iter(embs)
+            for p, _, h, err in batch:
+                yield (p, None, None, err) if err is not None else (p, next(it), h, None)
+            bar.update(len(batch))
+    finally:
+        stream.close()
+        bar.close()
+
+
+def embed_files(
+    model: IndexModel,
+    paths: list[Path],
+    known: dict[Path, torch.Tensor] | None = None,
+    *,
+    batch_size: int = 32,
+    workers: int = 4,
+    progress: bool = True,
+) -> torch.Tensor:
+    """``(len(paths), E)`` embeddings of image files, those in ``known`` (e.g.
+    :meth:`RetrievalIndex.unchanged_embeddings`) taken from it; an unreadable file is an
+    ``ImageError``."""
+    known = known or {}
+    fresh = {}
+    todo = [p for p in paths if p not in known]
+    stream = embed_images(model, todo, batch_size=batch_size, workers=workers, desc="images",
+                          progress=progress)  # fmt: skip
+    for path, emb, _, error in stream:
+        if error is not None:
+            stream.close()
+            raise ImageError(error)
+        fresh[path] = emb
+    return torch.stack([known[p] if p in known else fresh[p] for p in paths])
+
+
+def read_ahead(items: Iterable, ahead: int) -> Iterator:
+    """``items``, produced by a background thread at most ``ahead`` items ahead of the
+    consumer (whose exceptions, Ctrl-C included, stop the producer)."""
+    box: queue.Queue = queue.Queue(maxsize=ahead)
+    stop, end = threading.Event(), object()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                box.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not put(item):
+                    return
+            put(end)
+        except BaseException as e:  # handed to the consumer, raised there
+            put((end, e))
+        finally:
+            if hasattr(items, "close"):
+                items.close()
+
+    thread = threading.Thread(target=produce, daemon=True, name="read-ahead")
+    thread.start()
+    try:
+        while (item := box.get()) is not end:
+            if isinstance(item, tuple) and len(item) == 2 and item[0] is end:
+                raise item[1]
+            yield item
+    finally:
+        stop.set()

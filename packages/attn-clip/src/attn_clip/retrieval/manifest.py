@@ -1,0 +1,107 @@
+"""An index's manifest: ``INDEX.manifest.json``, the record of what the index holds.
+
+The model that made it (:class:`~.fingerprint.ModelRecord`), the folder, each indexed
+file's size, mtime and SHA-256 (which an update compares to find new, changed and removed
+files), the files that could not be read (with the reason), and the generation of
+embeddings it names (``INDEX.g<N>.*``, see :mod:`.store`).
+
+Versions: 1 (no generation: the embeddings are ``INDEX.safetensors`` / ``.json``) and 2
+(``"generation": N``) are read; 2 is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import IndexFormatError, IndexNotFoundError
+from .fingerprint import ModelRecord
+
+__all__ = ["FORMAT", "VERSION", "Manifest", "index_base", "manifest_path"]
+
+FORMAT, VERSION = "attn-zoo.retrieval-manifest", 2
+READABLE_VERSIONS = (1, 2)
+_KEYS = ("format", "version", "model", "root", "files", "skipped")
+
+
+def index_base(path: str | os.PathLike) -> Path:
+    """``photos.idx`` / ``photos.idx.manifest.json`` / ``.json`` / ``.safetensors`` ->
+    ``photos.idx``, the path every file of the index is named after."""
+    p = Path(path)
+    for suffix in (".manifest.json", ".safetensors", ".json"):
+        if p.name.endswith(suffix):
+            return p.with_name(p.name[: -len(suffix)])
+    return p
+
+
+def manifest_path(base: Path) -> Path:
+    return base.with_name(base.name + ".manifest.json")
+
+
+@dataclass
+class Manifest:
+    """What an index holds. ``files`` maps each indexed path (relative to ``root``, in the
+    order of the embedding rows) to ``{"size", "mtime_ns", "sha256"}``; ``skipped`` each
+    unreadable one to ``{"size", "mtime_ns", "error"}``."""
+
+    model: ModelRecord
+    root: str  # absolute folder the paths are relative to
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    skipped: dict[str, dict[str, Any]] = field(default_factory=dict)
+    generation: int | None = None  # None: a version-1 index (unversioned files)
+    version: int = VERSION
+
+    @classmethod
+    def read(cls, base: str | os.PathLike) -> Manifest:
+        """The manifest of the index at ``base``; :class:`IndexNotFoundError` when there is
+        none, :class:`IndexFormatError` when it is unreadable or broken."""
+        base = index_base(base)
+        path = manifest_path(base)
+        if not path.is_file():
+            tensors = base.with_name(base.name + ".safetensors")
+            what = "no index" if not tensors.exists() else "an index without its manifest"
+            raise IndexNotFoundError(f"{what} at {base} (expected {path.name})")
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise IndexFormatError(f"unreadable index manifest {path}: {e}") from None
+        return cls.from_json(data, str(path))
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "manifest") -> Manifest:
+        """Validate a manifest's JSON (``where`` names it in errors)."""
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise IndexFormatError(f"{where} is not a manifest written by apps/retrieval.py")
+        if data.get("version") not in READABLE_VERSIONS:
+            raise IndexFormatError(f"{where}: unsupported manifest version {data.get('version')!r}")
+        missing = [k for k in _KEYS if k not in data]
+        if not missing and not isinstance(data["model"], dict):
+            missing = ["model"]
+        if not missing and not isinstance(data["files"], dict):
+            missing = ["files"]
+        if missing:
+            raise IndexFormatError(
+                f"{where}: a broken manifest (missing or malformed {', '.join(missing)})"
+            )
+        generation = data.get("generation")
+        if generation is not None and (not isinstance(generation, int) or generation < 1):
+            raise IndexFormatError(f"{where}: a broken manifest (generation {generation!r})")
+        return cls(ModelRecord.from_json(data["model"], where), data["root"], data["files"],
+                   data["skipped"], generation, data["version"])  # fmt: skip
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON written (always the current version)."""
+        data = {
+            "format": FORMAT,
+            "version": VERSION,
+            "model": self.model.to_json(),
+            "root": self.root,
+            "files": self.files,
+            "skipped": self.skipped,
+        }
+        if self.generation is not None:
+            data["generation"] = self.generation
+        return data
