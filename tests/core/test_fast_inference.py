@@ -1,5 +1,6 @@
 """attn_core.fast_inference gives the numbers of the plain blocks (fused vs eager), runs only
-where it applies, re-packs weights when they change, and registers nothing at import."""
+where it applies, re-packs weights when they change, registers nothing at import, and one
+call switches a whole model (every module with a ``fast_inference`` flag)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from attn_core import RotaryEmbedding, TransformerBlock, fast_inference
+from attn_core import RotaryEmbedding, TransformerBlock, fast_inference, onednn
 from attn_core.fast_inference import (
     block_supported,
     conv_bn_act,
@@ -46,7 +47,7 @@ def _fast(blocks, x, **kwargs) -> torch.Tensor:
     release_packed_weights()
     with torch.inference_mode():
         out = run_blocks(blocks, x, **kwargs)
-    assert len(fast_inference._packed) == 4 * len(blocks)
+    assert len(onednn._packed) == 4 * len(blocks)
     return out
 
 
@@ -78,7 +79,7 @@ def test_masks_and_pooled_rows():
 
 
 BF16 = pytest.mark.skipif(
-    not fast_inference._ONEDNN_BF16,
+    not onednn._ONEDNN_BF16,
     reason="this CPU has no oneDNN bf16 kernels (AVX512 BW/VL/DQ or AVX-NE-CONVERT)",
 )
 
@@ -96,14 +97,14 @@ def test_bf16_stays_close_to_fp32():
 
 def test_bf16_without_onednn_bf16_kernels_runs_the_modules(monkeypatch):
     """On an AVX2-only CPU oneDNN's bf16 weight reorder raises; bf16 then takes the modules."""
-    monkeypatch.setattr(fast_inference, "_ONEDNN_BF16", False)
+    monkeypatch.setattr(onednn, "_ONEDNN_BF16", False)
     blocks = _blocks(depth=2).to(torch.bfloat16)
     x = torch.randn(2, 9, D, dtype=torch.bfloat16)
     release_packed_weights()
     with torch.inference_mode():
         assert not fast_path_available(x) and fast_path_available(x.float())
         out = run_blocks(blocks, x)
-    assert not fast_inference._packed
+    assert not onednn._packed
     assert_close(out, _plain(blocks, x), atol=0, rtol=0)
 
 
@@ -139,7 +140,7 @@ def test_runs_only_where_it_applies():
     release_packed_weights()
     out = run_blocks(blocks, x)  # with autograd: the plain blocks, differentiable
     out.sum().backward()
-    assert len(fast_inference._packed) == 0
+    assert len(onednn._packed) == 0
     assert all(p.grad is not None for p in blocks.parameters())
 
 
@@ -184,7 +185,7 @@ def test_packed_weights_follow_weight_changes():
     assert torch.nn.functional.cosine_similarity(out.float(), ref, dim=-1).min() >= 0.999
 
     release_packed_weights(blocks)
-    assert not any(p in fast_inference._packed for p in blocks.parameters())
+    assert not any(p in onednn._packed for p in blocks.parameters())
 
 
 def _prompts() -> tuple[torch.Tensor, torch.Tensor]:
@@ -228,7 +229,7 @@ def test_patch_embed_equals_the_convolution(bias):
         ref = conv(x).permute(0, 2, 3, 1)  # (B, gh, gw, D)
         release_packed_weights()
         assert_close(patchify(conv, x), ref, **TOL)
-        assert conv.weight in fast_inference._packed
+        assert conv.weight in onednn._packed
         overlapping = nn.Conv2d(3, D, 8, stride=4)  # not a patch embedding: the conv itself
         assert_close(patchify(overlapping, x), overlapping(x).permute(0, 2, 3, 1))
 
@@ -269,7 +270,7 @@ def test_conv_bn_act_equals_the_modules(case, dtype):
         release_packed_weights()
         out = conv_bn_act(conv, bn, x, act, residual=r)
         fast = fast_path_available(x)
-    assert fast == (conv.weight in fast_inference._folded)
+    assert fast == (conv.weight in onednn._folded)
     tol = TOL if dtype == torch.float32 else {"atol": 0.05, "rtol": 0.02}
     assert_close(out.float(), ref.float(), **tol)
     if fast:
@@ -283,7 +284,7 @@ def test_conv_bn_act_on_inference_tensors_folds_without_a_cache():
         x = torch.randn(1, 8, 9, 9, dtype=torch.bfloat16)
         release_packed_weights()
         out = conv_bn_act(conv, bn, x, nn.ReLU())
-        assert conv.weight not in fast_inference._folded
+        assert conv.weight not in onednn._folded
         assert_close(out.float(), torch.relu(bn(conv(x))).float(), atol=0.05, rtol=0.02)
 
 
@@ -311,7 +312,7 @@ def test_conv_bn_act_refolds_when_weights_or_statistics_change():
 def test_importing_the_models_registers_nothing_with_torch():
     code = (
         "import torch, attn_core, attn_vision, attn_clip\n"
-        "from attn_core import fast_inference\n"
+        "from attn_core import onednn\n"
         "x = torch.randn(1, 3, 32, 32)\n"
         "with torch.no_grad(): attn_vision.create_model('vit_tiny_patch16_224', img_size=32,"
         " num_classes=0).eval()(x)\n"
@@ -321,8 +322,49 @@ def test_importing_the_models_registers_nothing_with_torch():
         "        print('registered', ns)\n"
         "    except (AttributeError, RuntimeError):\n"
         "        pass\n"
-        "print(fast_inference._compile_op_registered)\n"
+        "print(onednn._compile_op_registered)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "False", out.stdout
+
+
+class _Tower(nn.Module):
+    """A model with fast-path flags at two depths (as a CLIP with its towers)."""
+
+    fast_inference = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = _blocks(depth=2)
+        self.inner = nn.Sequential(nn.Linear(D, D))
+        self.inner.fast_inference = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fast_inference and fast_path_available(x):
+            return run_blocks(self.blocks, x)
+        return _plain(self.blocks, x)
+
+
+def test_one_switch_for_a_whole_model():
+    model = _Tower().eval()
+    flags = lambda: (model.fast_inference, model.inner.fast_inference)  # noqa: E731
+    x = torch.randn(2, 5, D)
+    release_packed_weights()
+    with torch.no_grad():
+        fast = model(x)
+    assert fast_inference.is_enabled(model) and len(onednn._packed) == 8
+    assert fast_inference.disable(model) is model and flags() == (False, False)
+    assert not onednn._packed and not fast_inference.is_enabled(model)  # freed
+    with torch.no_grad():
+        assert_close(model(x), fast, **TOL)
+    assert not onednn._packed  # the plain modules ran
+    assert fast_inference.enable(model) is model and flags() == (True, True)
+    model.inner.fast_inference = False
+    with fast_inference.disabled(model) as plain:
+        assert plain is model and flags() == (False, False)
+    assert flags() == (True, False)  # each flag restored
+    assert fast_inference.enable(model, on=False) is model and flags() == (False, False)
+    assert fast_inference.enable(nn.Linear(2, 2)) is not None  # nothing to switch: no-op
+    with pytest.raises(ValueError, match="expected an nn.Module"):
+        fast_inference.disable("model")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
+import attn_core.fast_inference
 import torch
 import torch.nn.functional as F
 from attn_core.fast_inference import compile_module
@@ -81,14 +82,8 @@ class CLIP(nn.Module):
         self.logit_scale.clamp_(0, LOGIT_SCALE_MAX)
 
     def set_fast_inference(self, enable: bool = True) -> CLIP:
-        """Both towers' CPU inference fast path (:mod:`attn_core.fast_inference`: fused
-        oneDNN kernels on pre-packed weights, the text tower's shared prefixes and length
-        groups). On by default; it runs only in eval mode without autograd, on CPU fp32 /
-        bf16, with results equal to the plain modules' to float rounding. ``False`` runs
-        the plain modules and frees the packed weights."""
-        self.visual.set_fast_inference(enable)
-        self.text.set_fast_inference(enable)
-        return self
+        """Deprecated: ``attn_core.fast_inference.enable(model, enable)`` (both towers)."""
+        return attn_core.fast_inference.enable(self, enable)
 
     def encode_image(self, images: torch.Tensor, normalize: bool = False) -> torch.Tensor:
         """``(B, C, H, W)`` preprocessed images -> ``(B, E)`` embeddings (``self.visual``)."""

@@ -10,7 +10,8 @@ attention pool instead of the global average: the mean of the ``H * W`` final fe
 plus a position embedding, attends over all of them (plus itself) with multi-head
 attention (through :func:`attn_core.attention`), then ``c_proj`` maps it to ``E``.
 
-Inference fast path (``set_fast_inference``, on by default): every conv + BatchNorm (+ ReLU)
+Inference fast path (``fast_inference``, on by default; switched for a whole model by
+:func:`attn_core.fast_inference.enable` / ``disable``): every conv + BatchNorm (+ ReLU)
 runs through :func:`attn_core.fast_inference.conv_bn_act` -- one oneDNN convolution on
 folded weights, channels-last -- where it applies (CPU, eval, no autograd); elsewhere the
 same call runs the modules, so there is one forward.
@@ -36,6 +37,7 @@ class Bottleneck(nn.Module):
     """1x1, 3x3, (average pool), 1x1 to ``4 * planes``, + the (pooled, projected) shortcut."""
 
     expansion = 4
+    fast_inference = True  # attn_core.fast_inference.enable
 
     def __init__(self, inplanes: int, planes: int, stride: int = 1) -> None:
         super().__init__()
@@ -61,7 +63,6 @@ class Bottleneck(nn.Module):
                     ]
                 )
             )
-        self.fast_inference = True  # see ModifiedResNet.set_fast_inference
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         fast = self.fast_inference
@@ -124,6 +125,8 @@ class ModifiedResNet(nn.Module):
         weight_init: False skips the random init (weights are about to be loaded).
     """
 
+    fast_inference = True  # attn_core.fast_inference.enable (the stem; blocks: their own)
+
     def __init__(
         self,
         layers: tuple[int, ...],
@@ -156,17 +159,8 @@ class ModifiedResNet(nn.Module):
         self.attnpool = AttentionPool2d(
             image_size // 32, width * 32, heads, output_dim, weight_init=weight_init
         )
-        self.fast_inference = True  # see set_fast_inference
         if weight_init:
             self.init_parameters()
-
-    def set_fast_inference(self, enable: bool = True) -> ModifiedResNet:
-        """Run inference through :func:`attn_core.fast_inference.conv_bn_act` (the default)
-        where it applies, or always through the plain modules (``False``)."""
-        for m in self.modules():
-            if isinstance(m, ModifiedResNet | Bottleneck):
-                m.fast_inference = enable
-        return self
 
     @torch.no_grad()
     def init_parameters(self) -> None:

@@ -10,7 +10,8 @@ as the *largest* id in the row (``argmax``: EOT = 49407 is the last vocabulary e
 Speed: with causal attention nothing after the pooled token can change it, so
 :meth:`TextTransformer.forward` drops every column after the longest caption's pooled
 token (``truncate=True``, the default; exact, not an approximation). On the inference fast
-path (``set_fast_inference``, on by default) it goes further, through
+path (``fast_inference``, on by default; :func:`attn_core.fast_inference.enable` /
+``disable`` switch a whole model) it goes further, through
 :func:`attn_core.fast_inference.run_causal_pooled`: each caption is encoded only up to its
 own pooled token, shared prefixes (``"a photo of a"`` + class name) are encoded once, and
 captions run in groups of similar length -- all exact for the same reason.
@@ -20,15 +21,11 @@ from __future__ import annotations
 
 from functools import partial
 
+import attn_core.fast_inference
 import torch
 import torch.utils.checkpoint
 from attn_core import TransformerBlock
-from attn_core.fast_inference import (
-    fast_path_available,
-    release_packed_weights,
-    run_blocks,
-    run_causal_pooled,
-)
+from attn_core.fast_inference import fast_path_available, run_blocks, run_causal_pooled
 from torch import nn
 
 from .config import CLIPTextConfig
@@ -71,12 +68,13 @@ def text_global_pool(
 class TextTransformer(nn.Module):
     """Causal Transformer text encoder ``(B, L)`` token ids -> ``(B, E)`` embeddings."""
 
+    fast_inference = True  # the inference fast path (attn_core.fast_inference.enable)
+
     def __init__(self, config: CLIPTextConfig, embed_dim: int, weight_init: bool = True) -> None:
         super().__init__()
         self.config = c = config
         self.context_length = c.context_length
         self.grad_checkpointing = False
-        self.fast_inference = True  # see set_fast_inference
         norm_layer = partial(nn.LayerNorm, eps=c.norm_eps)
         # weight_init=False (weights about to be loaded, built on the meta device): no random
         # init -- nothing to initialize, and a meta normal_ would import torch._dynamo (~1 s)
@@ -130,14 +128,8 @@ class TextTransformer(nn.Module):
         self.grad_checkpointing = enable
 
     def set_fast_inference(self, enable: bool = True) -> TextTransformer:
-        """Run inference through :mod:`attn_core.fast_inference` (fused oneDNN kernels on
-        pre-packed weights, shared prefixes, length groups) whenever it applies: eval mode,
-        no autograd, CPU fp32 / bf16. On by default; ``False`` runs the plain modules and
-        frees the packed weights."""
-        self.fast_inference = enable
-        if not enable:
-            release_packed_weights(self)
-        return self
+        """Deprecated: ``attn_core.fast_inference.enable(model, enable)``."""
+        return attn_core.fast_inference.enable(self, enable)
 
     def _check(self, tokens: torch.Tensor) -> None:
         if tokens.ndim != 2 or tokens.dtype not in (torch.int64, torch.int32):

@@ -145,14 +145,6 @@ class CLIPVisionTower(nn.Module):
             return
         self.trunk.set_grad_checkpointing(enable)
 
-    def set_fast_inference(self, enable: bool = True) -> CLIPVisionTower:
-        """The trunk's inference fast path (:mod:`attn_core.fast_inference`: the ViT's fused
-        blocks, the ModifiedResNet's folded convolutions); ConvNeXt trunks run their plain
-        modules either way."""
-        if hasattr(self.trunk, "set_fast_inference"):
-            self.trunk.set_fast_inference(enable)
-        return self
-
     def prepare(self, images: torch.Tensor) -> torch.Tensor:
         """Images cast to the weights' dtype (a ViT's: cut to whole patches; a ViTamin's
         conv stem takes any size, as open_clip's)."""

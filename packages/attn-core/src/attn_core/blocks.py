@@ -1,10 +1,14 @@
 """Transformer building blocks: ``FeedForward``, ``LayerScale``, ``DropPath``, ``TransformerBlock``.
 
-Shape legend: ``B`` batch, ``L`` tokens, ``S`` context (encoder) tokens, ``D`` width.
+Shape legend: ``B`` batch, ``L`` tokens, ``S`` context (encoder) tokens, ``D`` width,
+``H`` / ``Hkv`` query / key-value heads, ``hd`` head width, ``P`` earlier (prefix) tokens.
 
 ``TransformerBlock`` is the one block ViT, the CLIP text tower and the NLP encoder /
 decoder stacks are built from. Names follow timm's ``Block`` (``norm1``, ``attn``,
 ``ls1``, ``norm2``, ``mlp.fc1``, ``mlp.fc2``, ``ls2``) so converted weights line up.
+It owns both of its paths: ``forward`` (module calls: training, autograd, every option) and,
+next to it, ``forward_fused`` (the inference fast path of :mod:`attn_core.fast_inference`:
+oneDNN products on pre-packed weights, for the blocks ``fused_supported`` accepts).
 """
 
 from __future__ import annotations
@@ -15,28 +19,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .activations import ACTIVATIONS, QuickGELU
+from .attention import attention
 from .kv_cache import KVCache
 from .mha import MultiHeadAttention
+from .onednn import fused_linear
 from .rope import RotaryEmbedding
 
 __all__ = ["ACTIVATIONS", "DropPath", "FeedForward", "LayerScale", "QuickGELU", "TransformerBlock"]
 
-
-class QuickGELU(nn.Module):
-    """``x * sigmoid(1.702 x)``: the GELU approximation OpenAI's CLIP was trained with."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.sigmoid(1.702 * x)
-
-
-ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
-    "gelu": nn.GELU,
-    "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
-    "quick_gelu": QuickGELU,
-    "relu": nn.ReLU,
-    "silu": nn.SiLU,  # a.k.a. swish (Marian, BART-family configs)
-    "swiglu": nn.SiLU,  # gate activation of the gated (GLU) variant
-}
+KV = tuple[torch.Tensor, torch.Tensor]  # one block's (k, v), each (B, Hkv, N, hd)
 
 
 class FeedForward(nn.Module):
@@ -280,3 +272,85 @@ class TransformerBlock(nn.Module):
             x = self._residual(x, cross_attn, self.norm_cross, self.ls_cross, self.drop_path_cross)
         x = self._residual(x, self.mlp, self.norm2, self.ls2, self.drop_path2)
         return (x, weights[0]) if need_weights else x
+
+    # -- the inference fast path (attn_core.fast_inference runs it; exact up to rounding) --
+
+    def fused_supported(self) -> bool:
+        """Whether :meth:`forward_fused` can run this block: pre-norm self-attention in
+        eval mode with plain ``nn.Linear`` layers (not, e.g., quantized ones), a fused
+        ``qkv``, no RoPE, no inner norms and no gated MLP (nor a model's own MLP)."""
+        if self.training or type(self.mlp) is not FeedForward:  # e.g. ViTamin's GeGLU
+            return False
+        attn = self.attn
+        linears = (getattr(attn, "qkv", None), attn.proj, self.mlp.fc1, self.mlp.fc2)
+        return (
+            all(type(m) is nn.Linear for m in linears)
+            and self.norm_first
+            and self.cross_attn is None
+            and attn.fused_qkv
+            and attn.rope is None
+            and not self.mlp.gated
+            and type(attn.norm) is nn.Identity
+            and type(self.mlp.norm) is nn.Identity
+            and isinstance(self.ls1, (nn.Identity, LayerScale))
+            and isinstance(self.ls2, (nn.Identity, LayerScale))
+        )
+
+    def forward_fused(
+        self,
+        x: torch.Tensor,
+        *,
+        is_causal: bool = False,
+        attn_mask: torch.Tensor | None = None,
+        rows: torch.Tensor | None = None,
+        prefix: KV | None = None,
+        keep_kv: list[KV] | None = None,
+    ) -> torch.Tensor:
+        """``self(x, attn_mask=attn_mask, is_causal=is_causal)`` with every Linear one oneDNN
+        product (:func:`attn_core.onednn.fused_linear`), for a :meth:`fused_supported` block
+        where :func:`attn_core.onednn.fast_path_available` (the caller checks both).
+
+        ``x`` ``(B, N, D)``; ``rows`` ``(B,)`` keeps only token ``rows[b]`` -> ``(B, 1, D)``
+        (its keys and values still come from every token). ``prefix``: ``(k, v)`` of ``P``
+        earlier tokens attended before ``x``'s own (``attn_mask`` then covers ``P + N``
+        keys); ``keep_kv`` receives this block's own ``(k, v)``.
+        """
+        attn = self.attn
+        B, N, D = x.shape
+        H, Hkv, hd = attn.num_heads, attn.num_kv_heads, attn.head_dim
+        qkv = fused_linear(self.norm1(x), attn.qkv.weight, attn.qkv.bias)  # (B, N, (H + 2 Hkv) hd)
+        q, k, v = qkv.split((H * hd, Hkv * hd, Hkv * hd), dim=-1)
+        k = attn.k_norm(k.view(B, N, Hkv, hd).transpose(1, 2))  # (B, Hkv, N, hd)
+        v = v.view(B, N, Hkv, hd).transpose(1, 2)
+        if keep_kv is not None:
+            keep_kv.append((k, v))
+        if prefix is not None:
+            k, v = torch.cat((prefix[0], k), dim=2), torch.cat((prefix[1], v), dim=2)
+        mask = attn_mask
+        if mask is not None:
+            is_causal = False
+        if rows is not None:  # one query per sequence: q (B, 1, H hd), x (B, 1, D)
+            batch = torch.arange(B, device=x.device)
+            q, x = q[batch, rows][:, None], x[batch, rows][:, None]
+            Nk = k.shape[2]
+            if mask is not None:  # any broadcastable mask -> (B, 1 or H, 1, P + N)
+                mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+                mask = mask.expand(B, mask.shape[1], N, Nk)[batch, :, rows][:, :, None]
+            elif is_causal:  # query rows[b] (own position) sees keys <= rows[b] + P
+                mask = torch.arange(Nk, device=x.device) <= rows[:, None] + (Nk - N)
+                mask = mask[:, None, None, :]  # (B, 1, 1, P + N)
+            is_causal = False
+        Lq = q.shape[1]
+        q = attn.q_norm(q.view(B, Lq, H, hd).transpose(1, 2))  # (B, H, Lq, hd)
+        o = attention(q, k, v, attn_mask=mask, is_causal=is_causal, backend=attn.backend)
+        o = o.transpose(1, 2).reshape(B, Lq, H * hd)  # (B, Lq, H hd)
+        if isinstance(self.ls1, LayerScale):
+            x = x + self.ls1(fused_linear(o, attn.proj.weight, attn.proj.bias))
+        else:
+            x = fused_linear(o, attn.proj.weight, attn.proj.bias, residual=x)
+
+        mlp = self.mlp
+        h = fused_linear(self.norm2(x), mlp.fc1.weight, mlp.fc1.bias, act=mlp.act)
+        if isinstance(self.ls2, LayerScale):
+            return x + self.ls2(fused_linear(h, mlp.fc2.weight, mlp.fc2.bias))
+        return fused_linear(h, mlp.fc2.weight, mlp.fc2.bias, residual=x)

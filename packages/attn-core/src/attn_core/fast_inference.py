@@ -1,65 +1,70 @@
-"""Run :class:`TransformerBlock` stacks for inference as fast as this machine allows.
+"""The CPU inference fast path: one switch for a whole model, and fast block stacks.
 
-Shape legend: ``B`` batch, ``N`` tokens, ``D`` width, ``H`` / ``Hkv`` query / key-value
-heads, ``hd`` head width, ``P`` prefix tokens, ``L`` token ids per row, ``S`` tokens of a
-length group, ``C`` channels, ``gh, gw`` patch grid.
+Shape legend: ``B`` batch, ``N`` tokens, ``D`` width, ``Hkv`` key-value heads, ``hd`` head
+width, ``P`` prefix tokens, ``L`` token ids per row, ``S`` tokens of a length group.
 
-Models keep one readable forward made of module calls and opt in to this path with a flag
-(``model.set_fast_inference(True)``, the default for the ViT and CLIP towers). It runs
-only where it applies -- :func:`fast_path_available`: CPU, fp32 / bf16 (bf16 where the CPU
-has oneDNN's bf16 kernels: AVX512 or AVX-NE-CONVERT), no autograd
-(``torch.no_grad()`` / ``torch.inference_mode()``), no autocast, oneDNN present -- and
-otherwise falls back to the module calls, so it is always safe to call. What it does,
-each step exact up to float rounding (tests/core/test_fast_inference.py):
+Models keep one readable forward made of module calls. The modules that have a faster
+inference path carry a ``fast_inference`` flag (on by default: ``VisionTransformer`` and
+ViTamin, ConvNeXt's blocks, OpenAI's ``ModifiedResNet`` and its bottlenecks, CLIP's text
+tower) and one call switches every flag of a model::
 
-* every Linear of a block is one oneDNN call (``torch.ops.mkldnn._linear_pointwise``)
-  with the bias and GELU / ReLU / SiLU fused in; PyTorch's ``F.linear`` uses MKL's
-  ``sgemm``, slower at the sizes these models use;
-* the weights are pre-packed once into oneDNN's blocked layout (a copy the size of the
-  weights) and re-packed when they change: the cache checks each weight's version
-  counter, which in-place writes bump (``load_state_dict``, ``nn.init``, ``copy_``), and
-  its storage (``.to()``), and forgets the parameters of every ``torch.optim`` step
-  (fused optimizers do not bump the counter; a global step hook, added on the first
-  packing). It dies with the parameters, and :func:`release_packed_weights` frees it
-  earlier; call that after writes through ``param.data``, which nothing can see;
-* :func:`run_blocks` can compute only one row per sequence in the last block (the token a
-  model pools: ViT's [CLS], CLIP text's EOT);
+    from attn_core import fast_inference
+    fast_inference.disable(model)  # plain module calls everywhere (packed weights freed)
+    fast_inference.enable(model)  # back on (the default)
+    with fast_inference.disabled(model):  # off inside the block only
+        ...
+
+The path runs only where it applies -- eval mode and :func:`fast_path_available`: CPU,
+fp32 / bf16 (bf16 where the CPU has oneDNN's bf16 kernels), no autograd, no autocast --
+and otherwise falls back to the module calls, so a switched-on model is always safe to
+call. Its kernels are :mod:`attn_core.onednn` (oneDNN products on pre-packed weights,
+convolutions on folded BatchNorms, :func:`patchify`, :func:`linear_act`,
+:func:`conv_bn_act`, re-exported here); a :class:`TransformerBlock`'s fused forward lives
+in the block (``forward_fused``, next to ``forward``). On top of them, each step exact up to
+float rounding (tests/core/test_fast_inference.py):
+
+* :func:`run_blocks` runs a block stack, the supported blocks fused, and can compute only
+  one row per sequence in the last block (the token a model pools: ViT's [CLS], CLIP
+  text's EOT);
 * :func:`run_causal_pooled` encodes causal sequences only up to their pooled token,
   encodes prefixes shared by several rows once (their keys / values are reused, as a KV
-  cache is when decoding) and runs rows in groups of similar length;
-* :func:`patchify` computes a patch-embedding convolution as one fused product on
-  flattened patches;
-* :func:`linear_act` is one such fused Linear (+ activation) for models outside the
-  blocks (ConvNeXt's MLPs);
-* :func:`conv_bn_act` runs ``act(bn(conv(x)) + residual)`` of convolutional networks
-  (ResNets) as one oneDNN convolution in channels-last memory, the BatchNorm folded into a
-  cached copy of the conv weights (re-folded when any of them changes, like the packing).
+  cache is when decoding) and runs rows in groups of similar length.
 
-Nothing is registered with torch at import. Under ``torch.compile`` the fused product
-needs a custom op (Inductor cannot lower ``mkldnn._linear_pointwise`` on non-constant
-weights); :func:`compile_module` registers it (``attn_core::onednn_linear``) before
-compiling. Code compiled without it uses the plain modules.
+Exporting (ONNX, OpenVINO) and anything else that must see plain PyTorch ops starts with
+:func:`disable` (``attn_clip.export`` does).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TypeVar
 
 import torch
 from torch import nn
-from torch.optim.optimizer import register_optimizer_step_post_hook
-from torch.utils.hooks import RemovableHandle
-from torch.utils.weak import WeakIdKeyDictionary
 
-from .attention import attention
-from .blocks import FeedForward, LayerScale, QuickGELU, TransformerBlock
+from .blocks import KV, TransformerBlock
+from .onednn import (  # the kernels, re-exported: models import them from here
+    _ONEDNN_BF16,  # noqa: F401  (read by tests: whether bf16 runs fused)
+    _folded,  # noqa: F401
+    _packed,  # noqa: F401
+    compile_module,
+    conv_bn_act,
+    fast_path_available,
+    linear_act,
+    patchify,
+    release_packed_weights,
+)
 
 __all__ = [
     "block_supported",
     "compile_module",
     "conv_bn_act",
+    "disable",
+    "disabled",
+    "enable",
     "fast_path_available",
+    "is_enabled",
     "linear_act",
     "patchify",
     "release_packed_weights",
@@ -67,198 +72,57 @@ __all__ = [
     "run_causal_pooled",
 ]
 
-_ONEDNN = (
-    torch.backends.mkldnn.is_available()
-    and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-    and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-)
-# oneDNN's bf16 products need AVX512 (BW / VL / DQ) or AVX-NE-CONVERT; elsewhere (an AVX2-only
-# CPU) bf16 models run their module calls instead of raising from the weight reorder
-_ONEDNN_BF16 = _ONEDNN and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-_PACK_ROWS = 64  # oneDNN's layout hint: expected rows per product (8..400 measured alike)
 _GROUP_COST = 64  # a separate length group costs about as much as this many extra tokens
 _MIN_PREFIX = 3  # shortest shared prefix worth caching (tokens)
 _MIN_SAVING = 0.15  # share prefixes only when that saves at least this fraction of tokens
 
-# weight -> ((version, data_ptr, dtype, shape), packed weight); entries die with the weight
-_packed: WeakIdKeyDictionary = WeakIdKeyDictionary()
-# conv weight -> (versions of the conv / BatchNorm tensors, (folded weight, folded bias))
-_folded: WeakIdKeyDictionary = WeakIdKeyDictionary()
-_optimizer_hook: RemovableHandle | None = None  # set on the first packing
-_compile_op_registered = False
-
-KV = tuple[torch.Tensor, torch.Tensor]  # one block's (k, v), each (B, Hkv, N, hd)
 M = TypeVar("M", bound=nn.Module)
 
 
 # ---------------------------------------------------------------------------------------
-# When it runs
+# The switch
 # ---------------------------------------------------------------------------------------
 
 
-def fast_path_available(x: torch.Tensor) -> bool:
-    """Whether the fast path can run on ``x``: oneDNN present, CPU fp32 (or bf16 where the
-    CPU has oneDNN's bf16 kernels), no autograd graph being recorded, no CPU autocast (and
-    inside ``torch.compile`` only with the op :func:`compile_module` registers)."""
-    return (
-        _ONEDNN
-        and x.device.type == "cpu"
-        and (x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and _ONEDNN_BF16))
-        and not torch.is_grad_enabled()
-        and not torch.is_autocast_enabled("cpu")
-        and (_compile_op_registered or not torch.compiler.is_compiling())
-    )
+def _switches(model: nn.Module) -> list[nn.Module]:
+    """The modules of ``model`` (itself included) that carry a ``fast_inference`` flag."""
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"expected an nn.Module, got {type(model).__name__}")
+    return [m for m in model.modules() if isinstance(getattr(m, "fast_inference", None), bool)]
 
 
-def block_supported(block: nn.Module) -> bool:
-    """Whether the fast path runs ``block`` itself (other blocks run as ``block(x)``): a
-    pre-norm self-attention :class:`TransformerBlock` in eval mode with plain ``nn.Linear``
-    layers (not, e.g., quantized ones), a fused ``qkv``, no RoPE, no inner norms and no
-    gated MLP."""
-    if not isinstance(block, TransformerBlock) or block.training:
-        return False
-    if type(block.mlp) is not FeedForward:  # a model's own MLP (e.g. ViTamin's GeGLU)
-        return False
-    attn = block.attn
-    linears = (getattr(attn, "qkv", None), attn.proj, block.mlp.fc1, block.mlp.fc2)
-    return (
-        all(type(m) is nn.Linear for m in linears)
-        and block.norm_first
-        and block.cross_attn is None
-        and attn.fused_qkv
-        and attn.rope is None
-        and not block.mlp.gated
-        and type(attn.norm) is nn.Identity
-        and type(block.mlp.norm) is nn.Identity
-        and isinstance(block.ls1, (nn.Identity, LayerScale))
-        and isinstance(block.ls2, (nn.Identity, LayerScale))
-    )
+def enable(model: M, on: bool = True) -> M:
+    """Switch the inference fast path of every module of ``model`` on (``on=False``: off,
+    as :func:`disable`); returns ``model``. A model without one is left as it is."""
+    for m in _switches(model):
+        m.fast_inference = on
+    if not on:
+        release_packed_weights(model)
+    return model
 
 
-# ---------------------------------------------------------------------------------------
-# Kernels: oneDNN products on pre-packed weights
-# ---------------------------------------------------------------------------------------
+def disable(model: M) -> M:
+    """Run ``model``'s plain module calls everywhere and free its packed / folded weight
+    copies; returns ``model``."""
+    return enable(model, False)
 
 
-def _forget_stepped(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
-    """After any optimizer step: drop the packed copies of the parameters it updated
-    (fused optimizers write in place without bumping the version counter)."""
-    if _packed or _folded:
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                _packed.pop(p, None)
-                _folded.pop(p, None)
+@contextmanager
+def disabled(model: M) -> Iterator[M]:
+    """``with disabled(model):`` the plain module calls inside the block; each flag is
+    restored after it (the packed weights are packed again on the next fast call)."""
+    saved = [(m, m.fast_inference) for m in _switches(model)]
+    disable(model)
+    try:
+        yield model
+    finally:
+        for m, flag in saved:
+            m.fast_inference = flag
 
 
-def _packed_weight(weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` as a ``(out, in)`` matrix in oneDNN's pre-packed layout, cached until the
-    weight changes (a conv weight is flattened to ``(out, C kh kw)``)."""
-    global _optimizer_hook
-    if weight.is_inference():  # no version counter: cannot tell when it changes
-        return weight.reshape(weight.shape[0], -1)
-    key = (weight._version, weight.data_ptr(), weight.dtype, weight.shape)
-    entry = _packed.get(weight)
-    if entry is None or entry[0] != key:
-        if _optimizer_hook is None:
-            _optimizer_hook = register_optimizer_step_post_hook(_forget_stepped)
-        matrix = weight.detach().reshape(weight.shape[0], -1)
-        entry = (key, torch.ops.mkldnn._reorder_linear_weight(matrix, _PACK_ROWS))
-        _packed[weight] = entry
-    return entry[1]
-
-
-def release_packed_weights(module: nn.Module | None = None) -> None:
-    """Free the pre-packed copies of ``module``'s weights (of every weight: ``None``); the
-    next fast call packs them again."""
-    if module is None:
-        _packed.clear()
-        _folded.clear()
-        return
-    for p in module.parameters():
-        _packed.pop(p, None)
-        _folded.pop(p, None)
-
-
-def _post_op(act: nn.Module | None) -> tuple[str, str] | None:
-    """oneDNN post-op ``(attr, algorithm)`` computing ``act`` exactly, or None."""
-    if act is None:
-        return "none", ""
-    if type(act) is nn.GELU:
-        return "gelu", act.approximate  # "none" (erf) or "tanh"
-    if type(act) is nn.ReLU:
-        return "relu", ""
-    if type(act) is nn.SiLU:
-        return "swish", ""
-    return None
-
-
-def _linear(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    act: nn.Module | None = None,
-    residual: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``act(x @ weight.T + bias) (+ residual)``: one oneDNN call, bias and act fused."""
-    post = _post_op(act)
-    attr, alg = post if post is not None else ("none", "")
-    if torch.compiler.is_compiling():  # the custom op on the plain weight
-        matrix = weight.reshape(weight.shape[0], -1)
-        out = torch.ops.attn_core.onednn_linear(x, matrix, bias, attr, alg)
-    else:
-        out = torch.ops.mkldnn._linear_pointwise(x, _packed_weight(weight), bias, attr, [], alg)
-    if post is None:
-        out = out.mul_(torch.sigmoid(1.702 * out)) if type(act) is QuickGELU else act(out)
-    # (oneDNN's fused "add" epilogue measured slower than this in-place add)
-    return out if residual is None else out.add_(residual)
-
-
-def linear_act(
-    linear: nn.Linear, x: torch.Tensor, act: nn.Module | None = None, enabled: bool = True
-) -> torch.Tensor:
-    """``act(linear(x))``: one oneDNN product on pre-packed weights with the activation fused
-    where the fast path is available (``enabled``, a plain ``nn.Linear`` of ``x``'s dtype),
-    the modules elsewhere."""
-    if (
-        enabled
-        and fast_path_available(x)
-        and type(linear) is nn.Linear
-        and linear.weight.dtype == x.dtype
-        and not torch.compiler.is_compiling()
-    ):
-        return _linear(x, linear.weight, linear.bias, act)
-    x = linear(x)
-    return x if act is None else act(x)
-
-
-def _register_compile_op() -> None:
-    """Register ``attn_core::onednn_linear``, the oneDNN product as an opaque op that
-    ``torch.compile`` keeps (Inductor fuses everything around it; on CPU it would otherwise
-    pick MKL's ``sgemm``, slower here). Compiled code alone calls it: an eager call would
-    import the compiler stack (~1 s)."""
-    global _compile_op_registered
-    if _compile_op_registered or not _ONEDNN:
-        return
-
-    @torch.library.custom_op("attn_core::onednn_linear", mutates_args=())
-    def onednn_linear(
-        x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, attr: str, alg: str
-    ) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, attr, [], alg)
-
-    @onednn_linear.register_fake
-    def _(x, weight, bias, attr, alg):
-        return x.new_empty(x.shape[:-1] + weight.shape[:1])
-
-    _compile_op_registered = True
-
-
-def compile_module(module: M, **compile_kwargs) -> M:
-    """``module.compile(**compile_kwargs)`` (``torch.compile`` in place) with the fast
-    path's oneDNN product available to the compiler; returns ``module``."""
-    _register_compile_op()
-    module.compile(**compile_kwargs)
-    return module
+def is_enabled(model: nn.Module) -> bool:
+    """Whether any module of ``model`` has its fast path switched on."""
+    return any(m.fast_inference for m in _switches(model))
 
 
 # ---------------------------------------------------------------------------------------
@@ -266,59 +130,10 @@ def compile_module(module: M, **compile_kwargs) -> M:
 # ---------------------------------------------------------------------------------------
 
 
-def _block_forward(
-    blk: TransformerBlock,
-    x: torch.Tensor,
-    *,
-    is_causal: bool = False,
-    attn_mask: torch.Tensor | None = None,
-    rows: torch.Tensor | None = None,
-    prefix: KV | None = None,
-    keep_kv: list[KV] | None = None,
-) -> torch.Tensor:
-    """``blk(x)`` for a :func:`block_supported` block, ``x`` ``(B, N, D)``; ``rows`` ``(B,)``
-    keeps only token ``rows[b]`` -> ``(B, 1, D)``. ``prefix``: ``(k, v)`` of ``P`` earlier
-    tokens attended before ``x``'s own (``attn_mask`` then covers ``P + N`` keys);
-    ``keep_kv`` receives this block's own ``(k, v)``."""
-    attn = blk.attn
-    B, N, D = x.shape
-    H, Hkv, hd = attn.num_heads, attn.num_kv_heads, attn.head_dim
-    qkv = _linear(blk.norm1(x), attn.qkv.weight, attn.qkv.bias)  # (B, N, (H + 2 Hkv) hd)
-    q, k, v = qkv.split((H * hd, Hkv * hd, Hkv * hd), dim=-1)
-    k = attn.k_norm(k.view(B, N, Hkv, hd).transpose(1, 2))  # (B, Hkv, N, hd)
-    v = v.view(B, N, Hkv, hd).transpose(1, 2)
-    if keep_kv is not None:
-        keep_kv.append((k, v))
-    if prefix is not None:
-        k, v = torch.cat((prefix[0], k), dim=2), torch.cat((prefix[1], v), dim=2)
-    mask = attn_mask
-    if mask is not None:
-        is_causal = False
-    if rows is not None:  # one query per sequence: q (B, 1, H hd), x (B, 1, D)
-        batch = torch.arange(B, device=x.device)
-        q, x = q[batch, rows][:, None], x[batch, rows][:, None]
-        Nk = k.shape[2]
-        if mask is not None:  # any broadcastable mask -> (B, 1 or H, 1, P + N)
-            mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
-            mask = mask.expand(B, mask.shape[1], N, Nk)[batch, :, rows][:, :, None]
-        elif is_causal:  # query rows[b] (own position) sees keys <= rows[b] + P
-            mask = torch.arange(Nk, device=x.device) <= rows[:, None] + (Nk - N)
-            mask = mask[:, None, None, :]  # (B, 1, 1, P + N)
-        is_causal = False
-    Lq = q.shape[1]
-    q = attn.q_norm(q.view(B, Lq, H, hd).transpose(1, 2))  # (B, H, Lq, hd)
-    o = attention(q, k, v, attn_mask=mask, is_causal=is_causal, backend=attn.backend)
-    o = o.transpose(1, 2).reshape(B, Lq, H * hd)  # (B, Lq, H hd)
-    if isinstance(blk.ls1, LayerScale):
-        x = x + blk.ls1(_linear(o, attn.proj.weight, attn.proj.bias))
-    else:
-        x = _linear(o, attn.proj.weight, attn.proj.bias, residual=x)
-
-    mlp = blk.mlp
-    h = _linear(blk.norm2(x), mlp.fc1.weight, mlp.fc1.bias, act=mlp.act)
-    if isinstance(blk.ls2, LayerScale):
-        return x + blk.ls2(_linear(h, mlp.fc2.weight, mlp.fc2.bias))
-    return _linear(h, mlp.fc2.weight, mlp.fc2.bias, residual=x)
+def block_supported(block: nn.Module) -> bool:
+    """Whether the fast path runs ``block`` fused (other blocks run as ``block(x)``): a
+    :class:`TransformerBlock` whose :meth:`~TransformerBlock.fused_supported` holds."""
+    return isinstance(block, TransformerBlock) and block.fused_supported()
 
 
 def _run(
@@ -343,10 +158,9 @@ def _run(
         r = rows if i == last else None
         if fast and block_supported(blk) and blk.attn.qkv.weight.dtype == x.dtype:
             pre = None if prefix is None else prefix[i]
-            x = _block_forward(
-                blk, x, is_causal=is_causal, attn_mask=attn_mask, rows=r, prefix=pre,
-                keep_kv=keep_kv,
-            )  # fmt: skip
+            x = blk.forward_fused(
+                x, is_causal=is_causal, attn_mask=attn_mask, rows=r, prefix=pre, keep_kv=keep_kv
+            )
             continue
         if prefix is not None or keep_kv is not None:
             raise ValueError("prefix / keep_kv need the fast path and supported blocks")
@@ -382,111 +196,6 @@ def run_blocks(
     """
     kw = dict(is_causal=is_causal, attn_mask=attn_mask, rows=rows, rotary=rotary)
     return _run(list(blocks), x, **kw)
-
-
-def patchify(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
-    """``conv(x)`` channels-last, ``(B, C, H, W)`` -> ``(B, gh, gw, D)``, for a patch
-    embedding (kernel == stride, no padding): one fused product on flattened patches where
-    the fast path is available, the convolution itself elsewhere."""
-    (ph, pw), B, C, H, W = conv.kernel_size, *x.shape
-    if not (
-        fast_path_available(x)
-        and type(conv) is nn.Conv2d
-        and conv.stride == conv.kernel_size
-        and conv.padding == (0, 0)
-        and conv.dilation == (1, 1)
-        and conv.groups == 1
-        and conv.weight.dtype == x.dtype
-    ):
-        return conv(x).permute(0, 2, 3, 1)
-    gh, gw = H // ph, W // pw  # (like the convolution, drop a remainder)
-    x = x[:, :, : gh * ph, : gw * pw].reshape(B, C, gh, ph, gw, pw)
-    x = x.permute(0, 2, 4, 1, 3, 5).reshape(B, gh, gw, C * ph * pw)  # (B, gh, gw, C ph pw)
-    return _linear(x, conv.weight, conv.bias)  # the conv weight, flattened the same way
-
-
-def _tensor_key(t: torch.Tensor | None) -> tuple | None:
-    return None if t is None else (t._version, t.data_ptr(), t.dtype)
-
-
-def _folded_conv(
-    conv: nn.Conv2d, bn: nn.BatchNorm2d | None, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``conv``'s weight and bias with ``bn`` (eval statistics) folded in, channels-last,
-    in ``dtype``: ``w * g / sqrt(var + eps)``, ``(b - mean) * g / sqrt(var + eps) + beta``
-    (computed in fp32), cached until one of the tensors changes."""
-    global _optimizer_hook
-    tensors = (conv.weight, conv.bias)
-    if bn is not None:
-        tensors += (bn.weight, bn.bias, bn.running_mean, bn.running_var)
-    # inference tensors have no version counter: cannot tell when they change, fold each call
-    cache = not any(t is not None and t.is_inference() for t in tensors)
-    key = (dtype, *(_tensor_key(t) for t in tensors)) if cache else None
-    entry = _folded.get(conv.weight) if cache else None
-    if entry is not None and entry[0] == key:
-        return entry[1]
-    if _optimizer_hook is None:
-        _optimizer_hook = register_optimizer_step_post_hook(_forget_stepped)
-    weight = conv.weight.detach().float()
-    bias = None if conv.bias is None else conv.bias.detach().float()
-    if bn is not None:
-        scale = torch.rsqrt(bn.running_var.float() + bn.eps)
-        if bn.weight is not None:
-            scale = scale * bn.weight.detach().float()
-        shift = -bn.running_mean.float() * scale
-        if bias is not None:
-            shift = shift + bias * scale
-        if bn.bias is not None:
-            shift = shift + bn.bias.detach().float()
-        weight, bias = weight * scale[:, None, None, None], shift
-    weight = weight.to(dtype).contiguous(memory_format=torch.channels_last)
-    folded = (weight, None if bias is None else bias.to(dtype))
-    if cache:
-        _folded[conv.weight] = (key, folded)
-    return folded
-
-
-def conv_bn_act(
-    conv: nn.Conv2d,
-    bn: nn.BatchNorm2d | None,
-    x: torch.Tensor,
-    act: nn.Module | None = None,
-    residual: torch.Tensor | None = None,
-    enabled: bool = True,
-) -> torch.Tensor:
-    """``act(bn(conv(x)) + residual)`` (``bn``, ``act``, ``residual`` optional).
-
-    On the fast path (``enabled``, :func:`fast_path_available`, ``bn`` in eval mode, a
-    plain ``nn.Conv2d`` with zero padding, ReLU / GELU / SiLU or no ``act``) it is one oneDNN
-    convolution with the BatchNorm folded into the weights and the activation fused (after
-    an in-place residual add when there is one), its output in channels-last memory, where
-    the next convolution reads it without a copy. Elsewhere: the modules themselves.
-    """
-    post = _post_op(act) if residual is None else ("none", "")
-    if (
-        enabled
-        and fast_path_available(x)
-        and type(conv) is nn.Conv2d
-        and conv.padding_mode == "zeros"
-        and isinstance(conv.padding, tuple)  # not "same" / "valid"
-        and (bn is None or (type(bn) is nn.BatchNorm2d and not bn.training))
-        and post is not None
-        and not torch.compiler.is_compiling()
-    ):
-        weight, bias = _folded_conv(conv, bn, x.dtype)
-        x = x.contiguous(memory_format=torch.channels_last)
-        out = torch.ops.mkldnn._convolution_pointwise(
-            x, weight, bias, conv.padding, conv.stride, conv.dilation, conv.groups,
-            post[0], [], post[1],
-        )  # fmt: skip
-        if residual is None:
-            return out
-        out = out.add_(residual)  # (the activation then runs as a module, in place for ReLU)
-        return out if act is None else act(out)
-    out = conv(x) if bn is None else bn(conv(x))
-    if residual is not None:
-        out = out + residual
-    return out if act is None else act(out)
 
 
 # ---------------------------------------------------------------------------------------

@@ -11,8 +11,9 @@ the pool). Parameter names are timm's (``stem.{0,1}``, ``stages.{i}.downsample.{
 ``head.norm``, ``head.pre_logits.fc``, ``head.fc``), so timm checkpoints load unchanged.
 ``conv_mlp`` (timm's atto ... nano) keeps timm's 1x1-conv MLP layout.
 
-Inference fast path (``set_fast_inference``, on by default): the depthwise convolutions and
-the MLPs' Linear layers run through :func:`attn_core.fast_inference.conv_bn_act` /
+Inference fast path (``fast_inference`` of the blocks and MLPs, on by default; switched for a
+whole model by :func:`attn_core.fast_inference.enable` / ``disable``): the depthwise
+convolutions and the MLPs' Linear layers run through :func:`attn_core.fast_inference.conv_bn_act` /
 :func:`~attn_core.fast_inference.linear_act` (oneDNN, pre-packed weights, GELU fused,
 channels-last) where they apply (CPU, eval, no autograd); elsewhere the same calls run the
 modules, so there is one forward.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import attn_core.fast_inference
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
@@ -72,20 +74,22 @@ class LayerNorm2d(nn.LayerNorm):
 class _Mlp(nn.Module):
     """``fc2(gelu(fc1(x)))``: Linear layers (channels-last) or 1x1 convs (channels-first)."""
 
+    fast_inference = True  # attn_core.fast_inference.enable (Linear layers only)
+
     def __init__(self, dim: int, hidden: int, conv: bool) -> None:
         super().__init__()
         layer = (lambda i, o: nn.Conv2d(i, o, 1)) if conv else nn.Linear
         self.fc1, self.act, self.fc2 = layer(dim, hidden), nn.GELU(), layer(hidden, dim)
-        self.fast_inference = not conv  # see ConvNeXt.set_fast_inference
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.fast_inference:  # (also the 1x1-conv layout)
-            return self.fc2(self.act(self.fc1(x)))
-        return linear_act(self.fc2, linear_act(self.fc1, x, self.act))
+        fast = self.fast_inference  # (1x1 convs: linear_act runs the modules)
+        return linear_act(self.fc2, linear_act(self.fc1, x, self.act, fast), enabled=fast)
 
 
 class ConvNeXtBlock(nn.Module):
     """``x + drop_path(gamma * mlp(norm(conv_dw(x))))`` on ``(B, C, H, W)``."""
+
+    fast_inference = True  # attn_core.fast_inference.enable (the depthwise conv)
 
     def __init__(self, dim: int, c: ConvNeXtConfig, drop_path: float = 0.0) -> None:
         super().__init__()
@@ -97,7 +101,6 @@ class ConvNeXtBlock(nn.Module):
         gamma = c.ls_init_value is not None
         self.gamma = nn.Parameter(torch.full((dim,), c.ls_init_value)) if gamma else None
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-        self.fast_inference = True  # see ConvNeXt.set_fast_inference
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shortcut = x
@@ -186,14 +189,8 @@ class ConvNeXt(nn.Module):
         self.grad_checkpointing = enable
 
     def set_fast_inference(self, enable: bool = True) -> ConvNeXt:
-        """Run inference through :mod:`attn_core.fast_inference` (the default) where it
-        applies, or always through the plain modules (``False``)."""
-        for m in self.modules():
-            if isinstance(m, ConvNeXtBlock):
-                m.fast_inference = enable
-            elif isinstance(m, _Mlp):
-                m.fast_inference = enable and isinstance(m.fc1, nn.Linear)
-        return self
+        """Deprecated: ``attn_core.fast_inference.enable(model, enable)``."""
+        return attn_core.fast_inference.enable(self, enable)
 
     def get_classifier(self) -> nn.Module:
         return self.head.fc

@@ -12,9 +12,10 @@ position embedding over the patches only (``no_embed_class``), the MAP head
 (``global_pool="map"``, :class:`~attn_vision.attention_pool.AttentionPoolLatent`, SigLIP)
 and an attention output bias separate from the qkv bias (``proj_bias``).
 
-Inference fast path: ``model.set_fast_inference(True)`` (the default) runs the blocks and
-the patch embedding through :mod:`attn_core.fast_inference` whenever it applies (eval mode,
-no autograd, CPU fp32 / bf16); the results equal the plain modules' to float rounding.
+Inference fast path (``fast_inference``, on by default; switched for a whole model by
+:func:`attn_core.fast_inference.enable` / ``disable``): the blocks and the patch embedding run
+through :mod:`attn_core.fast_inference` whenever it applies (eval mode, no autograd, CPU
+fp32 / bf16); the results equal the plain modules' to float rounding.
 
 Parameter names are timm's (``cls_token``, ``dist_token``, ``reg_token``, ``pos_embed``,
 ``patch_embed.proj``, ``norm_pre``, ``blocks.{i}.norm1`` / ``attn.qkv`` / ``attn.proj`` /
@@ -29,15 +30,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
+import attn_core.fast_inference
 import torch
 import torch.utils.checkpoint
 from attn_core import AxialRotaryEmbedding, TransformerBlock
-from attn_core.fast_inference import (
-    fast_path_available,
-    patchify,
-    release_packed_weights,
-    run_blocks,
-)
+from attn_core.fast_inference import fast_path_available, patchify, run_blocks
 from torch import nn
 
 from .attention_pool import AttentionPoolLatent
@@ -137,6 +134,8 @@ class VisionTransformer(nn.Module):
     the random init, for weights that are loaded right after.
     """
 
+    fast_inference = True  # the inference fast path (attn_core.fast_inference.enable)
+
     def __init__(
         self, config: ViTConfig | None = None, *, weight_init: bool = True, **kwargs
     ) -> None:
@@ -150,7 +149,6 @@ class VisionTransformer(nn.Module):
         self.num_prefix_tokens = c.num_prefix_tokens
         self.num_features = D
         self.grad_checkpointing = False
-        self.fast_inference = True  # see set_fast_inference
 
         self.patch_embed = PatchEmbed(
             c.img_size,
@@ -232,13 +230,8 @@ class VisionTransformer(nn.Module):
         self.grad_checkpointing = enable
 
     def set_fast_inference(self, enable: bool = True) -> VisionTransformer:
-        """Run inference through :mod:`attn_core.fast_inference` (fused oneDNN kernels on
-        pre-packed weights) whenever it applies: eval mode, no autograd, CPU fp32 / bf16.
-        On by default; ``False`` runs the plain modules and frees the packed weights."""
-        self.fast_inference = enable
-        if not enable:
-            release_packed_weights(self)
-        return self
+        """Deprecated: ``attn_core.fast_inference.enable(model, enable)``."""
+        return attn_core.fast_inference.enable(self, enable)
 
     def get_classifier(self) -> nn.Module:
         return self.head

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from attn_core import fast_inference
 from torch import nn
 
 # tower -> (input name, output name) of its graph
@@ -38,11 +39,9 @@ class TextTower(nn.Module):
 
 
 def plain_copy(model: nn.Module) -> nn.Module:
-    """A copy with the CPU inference fast path off (its oneDNN calls have no ONNX form)."""
-    model = copy.deepcopy(model).eval()
-    model.visual.trunk.fast_inference = False
-    model.text.fast_inference = False
-    return model
+    """An eval-mode copy with the CPU inference fast path off in every module (its oneDNN
+    ops have no ONNX / OpenVINO form)."""
+    return fast_inference.disable(copy.deepcopy(model).eval())
 
 
 def example_inputs(
