@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from harness import Report, max_diff, peak_memory_mb, time_interleaved
+
+from benchmarks.harness import Report, max_diff, peak_memory_mb, time_interleaved
 
 SECTION = "Attention kernels (causal, B=1, H=8, D=64)"
 

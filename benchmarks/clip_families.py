@@ -13,7 +13,8 @@ import argparse
 import copy
 
 import torch
-from harness import Report, cosine, max_diff, peak_memory_mb, time_interleaved
+
+from benchmarks.harness import Report, cosine, max_diff, peak_memory_mb, time_interleaved
 
 MODELS = ("RN50", "convnext_base")
 

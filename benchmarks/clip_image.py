@@ -7,8 +7,9 @@ import argparse
 import copy
 
 import torch
-from clip_models import ClipModels, hf_image, ours_bf16
-from harness import Report, cosine, max_diff, peak_memory_mb, time_interleaved
+
+from benchmarks.clip_models import ClipModels, hf_image, ours_bf16
+from benchmarks.harness import Report, cosine, max_diff, peak_memory_mb, time_interleaved
 
 
 def bench_image(args: argparse.Namespace, report: Report, m: ClipModels) -> None:

@@ -1,5 +1,6 @@
 """One CLIP, four implementations with identical random weights, shared by the ``image``,
-``text``, ``zeroshot`` and ``compile`` sections.
+``text``, ``zeroshot`` and ``compile`` sections, and (``ours_and_openvino_image``) by the
+investigations.
 
 transformers builds a random ``CLIPModel`` -> ours through our converter -> open_clip
 through ``to_open_clip`` -> timm's ``vit_base_patch32_clip_224`` through timm's own
@@ -12,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from harness import random_fill_
+
+from benchmarks.harness import random_fill_
 
 TINY_OC_CFG = {  # --quick: a CLIP small enough to build and run in a second
     "embed_dim": 32,

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import argparse
 
-from clip_models import ClipModels, hf_text, prompts
-from harness import Report, max_diff, peak_memory_mb, time_interleaved
+from benchmarks.clip_models import ClipModels, hf_text, prompts
+from benchmarks.harness import Report, max_diff, peak_memory_mb, time_interleaved
 
 
 def bench_text(args: argparse.Namespace, report: Report, m: ClipModels) -> None:

@@ -9,7 +9,8 @@ import timeit
 
 import torch
 import torch.nn.functional as F
-from harness import Report, time_interleaved
+
+from benchmarks.harness import Report, time_interleaved
 
 
 def bench_dispatch(args: argparse.Namespace, report: Report) -> None:

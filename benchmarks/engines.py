@@ -30,7 +30,9 @@ import tempfile
 from pathlib import Path
 
 import torch
-from harness import Report, cosine, max_diff, random_fill_, time_interleaved
+
+from benchmarks.clip_models import TINY_OC_CFG, prompts
+from benchmarks.harness import Report, cosine, max_diff, random_fill_, time_interleaved
 
 
 def cpu_bf16() -> str:
@@ -61,7 +63,6 @@ def bench_engines(args: argparse.Namespace, report: Report) -> None:
     import openvino as ov
     from attn_clip import IMAGENET_CLASSNAMES, CLIPConfig, Tokenizer, create_model, get_model_config
     from attn_clip import export as ex
-    from clip_models import TINY_OC_CFG, prompts
 
     threads = torch.get_num_threads()
     policy = os.environ.get("OMP_WAIT_POLICY", "unset")

@@ -1,20 +1,16 @@
-"""Ours against OpenVINO with each runtime **alone in its own process**, as a deployment runs
-one of them: a CLIP image tower (ViT-B/32 by default, or ``--model ViT-B-16``), fp32 and bf16,
-same random weights, same threads.
+"""Section ``engines-alone``: ours against OpenVINO with each runtime **alone in its own
+process**, as a deployment runs one of them: a CLIP image tower (ViT-B/32 by default, or
+``--alone-model ViT-B-16``), fp32 and bf16 (``--precisions``), same random weights, same
+threads.
 
-    uv run benchmarks/engines_alone.py                    # batch 1 / 8 / 32, 3 rounds (~4 min)
-    uv run benchmarks/engines_alone.py --batches 1 --rounds 5
-    uv run benchmarks/engines_alone.py --model ViT-B-16 --precisions fp32   # a CPU without bf16
-    uv run benchmarks/engines_alone.py --quick --batches 1 --rounds 1   # the tiny CLIP
-
-The ``engines`` section of run.py times the runtimes interleaved in one process, which needs
-``OMP_WAIT_POLICY=PASSIVE``: PyTorch's OpenMP threads then sleep after every op and are woken
-for the next one, a cost of tens of microseconds per op that falls on ours alone and adds up
-over the ~100 small ops of a batch-1 call (docs/benchmarks.md, "where the time goes"). Here
-every round starts one process per runtime, alternating (ours, OpenVINO, ours, ...), each with
-the default policy: no runtime shares the cores with another. The table shows the median
-over rounds of each process's median call; outputs are compared to ours (fp32: max abs diff;
-bf16: cosine to ours in fp32)."""
+The ``engines`` section times the runtimes interleaved in one process, where PyTorch's OpenMP
+threads need ``GOMP_SPINCOUNT`` (or ``OMP_WAIT_POLICY=PASSIVE``, which costs ours tens of
+microseconds per op at batch 1) to leave the cores to the other runtime (docs/benchmarks.md).
+Here every round starts one process per runtime, alternating (ours, OpenVINO, ours, ...),
+each with the default OpenMP policy and the parent's thread count: no runtime shares the
+cores with another. A row's median is the median over rounds of each process's median call,
+its min the fastest round; outputs are compared to ours (fp32: max abs diff; bf16: cosine to
+ours in fp32). ``--rounds`` (3; ``--quick`` 1), ``--quick``: the tiny CLIP."""
 
 from __future__ import annotations
 
@@ -25,31 +21,46 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from statistics import median
+from typing import Any
 
 import numpy as np
 import torch
-from harness import random_fill_, time_interleaved
 
+from benchmarks.clip_models import TINY_OC_CFG
+from benchmarks.harness import Report, Timing, random_fill_, time_interleaved
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository: children run `-m benchmarks...`
 PRECISIONS = ("fp32", "bf16")
 
 
-def child(
-    runtime: str, model_name: str, precisions: list[str], batches: list[int], repeats: int,
-    out: Path, quick: bool,
-) -> None:  # fmt: skip
-    """Time one runtime on every case; write ``{case: median ms}`` and the outputs."""
-    from attn_clip import CLIPConfig, create_model, get_model_config
-    from attn_clip import export as ex
-    from clip_models import TINY_OC_CFG
+def model_config(model_name: str, quick: bool) -> Any:
+    """The CLIP's ``attn_clip.CLIPConfig``: ``model_name``, or the tiny one with ``quick``."""
+    from attn_clip import CLIPConfig, get_model_config
+
+    return CLIPConfig.from_open_clip(TINY_OC_CFG) if quick else get_model_config(model_name)
+
+
+def random_model(config: Any) -> torch.nn.Module:
+    """The same random weights in every process (seed 0, ``random_fill_``), in eval mode."""
+    from attn_clip import create_model
 
     torch.manual_seed(0)
-    config = CLIPConfig.from_open_clip(TINY_OC_CFG) if quick else get_model_config(model_name)
     with torch.no_grad():
-        model = random_fill_(create_model(config)).eval()
+        return random_fill_(create_model(config)).eval()
+
+
+def child(
+    runtime: str, config: Any, precisions: list[str], batches: list[int], repeats: int,
+    out: Path, onnx: Path,
+) -> None:  # fmt: skip
+    """Time one runtime on every case; write ``{case: median ms}`` and the outputs. OpenVINO
+    runs ``onnx``, the graph of ``random_model(config)``'s image tower the parent exported."""
+    from attn_clip import create_model
+    from attn_clip import export as ex
+
     threads = torch.get_num_threads()
-    fns = {}
     if runtime == "ours":
+        model = random_model(config)
         ours16 = create_model(config, precision="bf16").eval()
         ours16.load_state_dict(model.state_dict())
         fns = {"fp32": lambda x: model.encode_image(x), "bf16": lambda x: ours16.encode_image(x)}
@@ -57,13 +68,14 @@ def child(
     else:
         import openvino as ov
 
-        with torch.no_grad(), tempfile.TemporaryDirectory() as tmp:
-            ex.export_onnx(model, Path(tmp), towers=("image",), verbose=False)
-            graph = ov.convert_model(str(Path(tmp) / "image.onnx"))
-        for p, hint in (("fp32", "f32"), ("bf16", "bf16")):
-            fns[p] = ex.OpenVINOTower(ex.compile_openvino(graph, threads, hint))
+        graph = ov.convert_model(str(onnx))
+        hints = {"fp32": "f32", "bf16": "bf16"}
+        fns = {
+            p: ex.OpenVINOTower(ex.compile_openvino(graph, threads, hints[p]))
+            for p in {"fp32", *precisions}
+        }
         cast = {"fp32": lambda x: x, "bf16": lambda x: x}
-    size = model.config.vision.image_size
+    size = config.vision.image_size
     result = {}
     with torch.inference_mode():
         for bs in batches:
@@ -79,65 +91,86 @@ def child(
     (out / f"{runtime}.json").write_text(json.dumps(result))
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="ViT-B-32", help="CLIP architecture (random weights)")
-    p.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
-    p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
-    p.add_argument("--rounds", type=int, default=3, help="processes per runtime, alternating")
-    p.add_argument("--repeats", type=int, default=7, help="timed samples per case and process")
-    p.add_argument("--quick", action="store_true", help="the tiny CLIP (a smoke test)")
-    p.add_argument("--child", choices=["ours", "openvino"], help=argparse.SUPPRESS)
-    p.add_argument("--out", type=Path, help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.child:
-        child(
-            args.child, args.model, args.precisions, args.batches, args.repeats, args.out,
-            args.quick,
-        )  # fmt: skip
-        return
+def cosine_to(a: np.ndarray, ref: np.ndarray) -> float:
+    """Cosine between two whole output arrays."""
+    return float((a * ref).sum() / np.linalg.norm(a) / np.linalg.norm(ref))
+
+
+def bench_engines_alone(args: argparse.Namespace, report: Report) -> None:
+    """One row pair per precision and batch; goals >= 1.0x OpenVINO, each runtime alone."""
+    from attn_clip import export as ex
+
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}  # the default
+    threads = torch.get_num_threads()
+    name = "tiny CLIP" if args.quick else args.alone_model
     times: dict[str, dict[str, list[float]]] = {"ours": {}, "openvino": {}}
     with tempfile.TemporaryDirectory() as tmp:
+        onnx = Path(tmp) / "graph" / "image.onnx"
+        # exported once, here (run.py runs the sections under inference_mode: not in it)
+        with torch.inference_mode(False), torch.no_grad():
+            model = random_model(model_config(args.alone_model, args.quick))
+            ex.export_onnx(model, onnx.parent, towers=("image",), verbose=False)
+        del model
         for r in range(args.rounds):
             for runtime in times:
                 folder = Path(tmp) / f"{runtime}{r}"
                 folder.mkdir()
-                cmd = [sys.executable, __file__, "--child", runtime, "--out", str(folder)]
-                cmd += ["--repeats", str(args.repeats), "--batches", *map(str, args.batches)]
-                cmd += ["--model", args.model, "--precisions", *args.precisions]
-                cmd += ["--quick"] if args.quick else []
-                subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+                cmd = [sys.executable, "-m", "benchmarks.engines_alone", runtime, str(folder)]
+                cmd += ["--repeats", str(args.repeats), "--threads", str(threads)]
+                cmd += ["--batches", *map(str, args.batches), "--model", args.alone_model]
+                cmd += ["--precisions", *args.precisions, "--onnx", str(onnx)]
+                cmd += ["--quick"] * args.quick
+                subprocess.run(cmd, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
                 for case, ms in json.loads((folder / f"{runtime}.json").read_text()).items():
-                    times[runtime].setdefault(case, []).append(ms)
+                    times[runtime].setdefault(case, []).append(ms / 1e3)
         checks = {}
         for bs in args.batches:
+            ref = np.load(Path(tmp) / f"ours0/ours-fp32-{bs}.npy")
             for prec in args.precisions:
-                ref = np.load(Path(tmp) / f"ours0/ours-fp32-{bs}.npy")
-                o = np.load(Path(tmp) / f"openvino0/openvino-{prec}-{bs}.npy")
+                theirs = np.load(Path(tmp) / f"openvino0/openvino-{prec}-{bs}.npy")
                 mine = np.load(Path(tmp) / f"ours0/ours-{prec}-{bs}.npy")
                 if prec == "fp32":
-                    checks[f"{prec} batch {bs}"] = f"max diff {np.abs(o - ref).max():.1e}"
+                    checks[f"{prec} batch {bs}"] = f"max diff {np.abs(theirs - ref).max():.1e}"
                 else:
-                    cos = [
-                        float((a * ref).sum() / np.linalg.norm(a) / np.linalg.norm(ref))
-                        for a in (mine, o)
-                    ]
-                    checks[f"{prec} batch {bs}"] = f"cos to fp32 {cos[0]:.5f} / {cos[1]:.5f}"
-    name = "tiny CLIP" if args.quick else args.model
-    print(
-        f"{name} image tower, {torch.get_num_threads()} threads, each runtime alone in its "
-        f"own process, {args.rounds} rounds, median of medians\n"
-    )
-    print("| case | ours ms | OpenVINO ms | ours vs OpenVINO | goal >= 1.0x | check |")
-    print("|---|---:|---:|---:|---|---|")
-    for case, ours_ms in times["ours"].items():
-        o, v = median(ours_ms), median(times["openvino"][case])
-        met = "met" if v / o >= 1.0 else "not met"
-        spread = f"{min(ours_ms):.1f}-{max(ours_ms):.1f} / "
-        spread += f"{min(times['openvino'][case]):.1f}-{max(times['openvino'][case]):.1f}"
-        print(f"| {case} | {o:.1f} | {v:.1f} | {v / o:.2f}x | {met} | {checks[case]} "
-              f"(ranges {spread} ms) |")  # fmt: skip
+                    cos = f"{cosine_to(mine, ref):.5f} / {cosine_to(theirs, ref):.5f}"
+                    checks[f"{prec} batch {bs}"] = f"cos to fp32 {cos}"
+    section = f"CLIP image tower, each runtime alone ({name}, {threads} threads each)"
+    for case, ours_s in times["ours"].items():
+        timings = {"ours": Timing(ours_s), "OpenVINO": Timing(times["openvino"][case])}
+        spread = " / ".join(f"{min(t.times) * 1e3:.1f}-{max(t.times) * 1e3:.1f}" for t in
+                            timings.values())  # fmt: skip
+        check = f"{checks[case]} (ours / OpenVINO: ranges {spread} ms over {args.rounds} rounds)"
+        bs = int(case.rsplit(" ", 1)[1])
+        rows = report.add_case(
+            section, case, timings, bs, "img", checks={"OpenVINO": check},
+            note=f"median of {args.rounds} processes' medians",
+        )  # fmt: skip
+        ratio = rows["OpenVINO"].ref_over_ours
+        report.goal(
+            f"{name} {case}, each runtime alone",
+            ">= 1.0x OpenVINO (same threads, same weights)",
+            f"{ratio:.2f}x",
+            ratio >= 1.0,
+        )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The child process: time one runtime (see ``child``)."""
+    p = argparse.ArgumentParser(description="one runtime of the engines-alone section")
+    p.add_argument("runtime", choices=["ours", "openvino"])
+    p.add_argument("out", type=Path)
+    p.add_argument("--model", default="ViT-B-32")
+    p.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--onnx", type=Path, required=True, help="the exported image tower")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    config = model_config(args.model, args.quick)
+    child(args.runtime, config, args.precisions, args.batches, args.repeats, args.out, args.onnx)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from harness import Report, time_interleaved
+
+from benchmarks.harness import Report, time_interleaved
 
 SECTION = "Approximate search (attn_clip.EmbeddingIndex.build_ann)"
 PER_CENTRE = 100  # 1,000,000 vectors -> 10,000 centres

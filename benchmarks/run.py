@@ -1,8 +1,10 @@
 """Side-by-side speed benchmarks: attn-zoo against open_clip, timm and transformers.
 
-    uv run benchmarks/run.py                      # every section (~15 min on 2 cores)
-    uv run benchmarks/run.py --quick              # tiny configs, seconds (a smoke test)
-    uv run benchmarks/run.py --only image,text --json bench.json
+From the repository root (``uv run benchmarks/run.py ...`` works as well):
+
+    uv run python -m benchmarks.run                      # every section (~15 min on 2 cores)
+    uv run python -m benchmarks.run --quick              # tiny configs, seconds (a smoke test)
+    uv run python -m benchmarks.run --only image,text --json bench.json
 
 Sections (``--only``): ``image`` (CLIP ViT-B/32 image tower, batch 1/8/32, fp32 and bf16
 weights), ``text`` (CLIP text tower on OpenAI's 80 ImageNet prompts for one class),
@@ -18,7 +20,9 @@ raw ``F.scaled_dot_product_attention`` call), ``compile`` (``CLIP.compile_encode
 1M clustered 512-d vectors against exact search) and ``embed`` (indexing 1,000 JPEGs end to
 end against the model alone; both in retrieval_scale.py); ``engines`` (the image tower
 against ONNX Runtime and OpenVINO on the graph attn_clip.export writes, fp32 / bf16 / int8;
-run it with ``GOMP_SPINCOUNT=10000``, see engines.py).
+run it with ``GOMP_SPINCOUNT=10000``, see engines.py) and ``engines-alone`` (ours against
+OpenVINO with each runtime alone in its own process, as a deployment runs one of them;
+``--alone-model``, ``--precisions``, ``--rounds``; see engines_alone.py).
 
 Method. Every section builds ours and the references in this one process with identical
 random weights (transformers' random ``CLIPModel`` -> ours through our converter -> open_clip
@@ -32,60 +36,62 @@ live tensor memory allocated during one call (inputs and weights excluded), from
 allocation events of ``torch.profiler`` (``profile_memory=True``); ``-`` where that is
 unavailable. Rows marked *extrapolated* time a subset and scale it linearly.
 
-Layout: ``harness.py`` (timing, memory, checks, report), ``clip_models.py`` (the CLIP
-built four ways), one file per section; Python puts this folder on ``sys.path`` when it
-runs this file, so the siblings import by their plain names.
+Layout: the package ``benchmarks`` (``harness.py``: timing, memory, checks, report;
+``clip_models.py``: the CLIP built four ways; one module per section, imported when its
+section runs). ``benchmarks/investigations/`` holds the scripts that explain one gap.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import platform
 import sys
 import time
 import warnings
+from pathlib import Path
 
-import torch
-from attention import bench_attention
-from clip_families import bench_families
-from clip_image import bench_image
-from clip_models import build_clip_models
-from clip_text import bench_text
-from dispatch import bench_dispatch
-from engines import bench_engines
-from harness import Report
-from retrieval_scale import bench_ann, bench_embed
-from startup import bench_startup
-from torch_compile import bench_compile
-from vit import bench_vit
-from zero_shot import bench_zero_shot
-
-SECTIONS = (
-    "image", "text", "zeroshot", "families", "vit", "attention", "dispatch", "compile", "startup",
-    "ann", "embed", "engines",
-)  # fmt: skip
-CLIP_SECTIONS = {"image": bench_image, "text": bench_text, "zeroshot": bench_zero_shot}
-OTHER_SECTIONS = {
-    "families": bench_families,
-    "vit": bench_vit,
-    "attention": bench_attention,
-    "dispatch": bench_dispatch,
-    "startup": bench_startup,
-    "ann": bench_ann,
-    "embed": bench_embed,
-    "engines": bench_engines,
+# section -> "module.function" in benchmarks/; CLIP_SECTIONS also get the shared CLIP models
+SECTIONS = {
+    "image": "clip_image.bench_image",
+    "text": "clip_text.bench_text",
+    "zeroshot": "clip_zero_shot.bench_zero_shot",
+    "families": "clip_families.bench_families",
+    "vit": "vit.bench_vit",
+    "attention": "attention.bench_attention",
+    "dispatch": "dispatch.bench_dispatch",
+    "compile": "torch_compile.bench_compile",
+    "startup": "startup.bench_startup",
+    "ann": "retrieval_scale.bench_ann",
+    "embed": "retrieval_scale.bench_embed",
+    "engines": "engines.bench_engines",
+    "engines-alone": "engines_alone.bench_engines_alone",
 }
+CLIP_SECTIONS = ("image", "text", "zeroshot", "compile")
+# compiling takes ~20 s; start-up runs fresh interpreters; the families section builds
+# full-size open_clip models (--only families --quick runs it at 64 px); engines exports
+# ONNX and calibrates int8 (~20 s even tiny); engines-alone starts a process per runtime
+QUICK_SKIP = ("compile", "startup", "families", "engines", "engines-alone")
+
+
+def section_function(name: str):
+    """The function that runs section ``name`` (its module is imported here)."""
+    module, function = SECTIONS[name].rsplit(".", 1)
+    return getattr(importlib.import_module(f"benchmarks.{module}"), function)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, with every default filled in (smaller ones with ``--quick``)."""
     p = argparse.ArgumentParser(
-        prog="benchmarks/run.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+        prog="python -m benchmarks.run",
+        description=__doc__,
+        formatter_class=argparse.RawTextHelpFormatter,
     )
+    names = ", ".join(SECTIONS)
     p.add_argument("--quick", action="store_true", help="tiny configs (a smoke test)")
-    p.add_argument("--only", default=None, help=f"comma-separated sections of {SECTIONS}")
+    p.add_argument("--only", default=None, help=f"comma-separated sections of: {names}")
     p.add_argument("--skip", default="", help="comma-separated sections to leave out")
     p.add_argument("--json", default=None, help="also write the rows and goals here")
     p.add_argument("--markdown", default=None, help="also write the tables here")
@@ -108,25 +114,38 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--flex", action=argparse.BooleanOptionalAction, default=None,
         help="time compiled FlexAttention (compiles ~10 s; default: on, off with --quick)",
     )  # fmt: skip
+    p.add_argument(
+        "--alone-model", default="ViT-B-32", help="engines-alone: the CLIP (default ViT-B-32)"
+    )
+    p.add_argument(
+        "--precisions", default="fp32,bf16", help="engines-alone: of fp32,bf16 (default both)"
+    )
+    p.add_argument(
+        "--rounds", type=int, default=None, help="engines-alone: processes per runtime (3)"
+    )
     args = p.parse_args(argv)
+    for name in ("repeats", "threads", "rounds"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     q = args.quick
     args.sections = [s for s in (args.only.split(",") if args.only else SECTIONS) if s]
     if q and not args.only:
-        # compiling takes ~20 s; start-up runs fresh interpreters; the families section
-        # builds full-size open_clip models (--only families --quick runs it at 64 px)
-        # engines exports ONNX and calibrates int8 (~20 s even tiny: --only engines --quick)
-        quick_skip = ("compile", "startup", "families", "engines")
-        args.sections = [s for s in SECTIONS if s not in quick_skip]
+        args.sections = [s for s in SECTIONS if s not in QUICK_SKIP]
     skip = set(filter(None, args.skip.split(",")))
     unknown = (set(args.sections) | skip) - set(SECTIONS)
     if unknown:
-        p.error(f"unknown sections {sorted(unknown)}; expected some of {SECTIONS}")
+        p.error(f"unknown sections {sorted(unknown)}; expected some of: {names}")
     args.sections = [s for s in args.sections if s not in skip]
+    args.precisions = [s for s in args.precisions.split(",") if s]
+    if not args.precisions or set(args.precisions) - {"fp32", "bf16"}:
+        p.error(f"--precisions expects fp32, bf16 or fp32,bf16, got {','.join(args.precisions)!r}")
     args.repeats = args.repeats or (2 if q else 7)
     args.inner = 1 if q else 3
     args.attn_repeats = 2 if q else 5
     args.dispatch_repeats = 3 if q else 15
-    args.startup_repeats = 2 if q else 7
+    args.startup_repeats = 1 if q else 7
+    args.startup_warmup = 0 if q else 1  # --quick: one fresh interpreter per command
+    args.rounds = args.rounds or (1 if q else 3)
     default_batches = "1,8" if q else "1,8,32"
     args.batches = [int(b) for b in (args.batches or default_batches).split(",")]
     args.zero_shot_classes = args.zero_shot_classes or (3 if q else 50)
@@ -144,12 +163,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run the chosen sections, print the tables and goals, write --json / --markdown."""
     args = parse_args(argv)
+    import torch  # after the arguments: --help and bad input answer without loading torch
+
+    from benchmarks.clip_models import build_clip_models
+    from benchmarks.harness import Report
+
     if args.threads:
         torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", message=".*No pretrained weights loaded.*")
     report = Report()
     report.meta = {
-        "command": "uv run benchmarks/run.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "uv run python -m benchmarks.run "
+        + " ".join(sys.argv[1:] if argv is None else argv),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "cpu": platform.processor() or platform.machine(),
@@ -165,21 +190,20 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
     started = time.perf_counter()
-    clip_sections = {"image", "text", "zeroshot", "compile"} & set(args.sections)
-    models = build_clip_models(args.quick, "image" in args.sections) if clip_sections else None
-    with torch.inference_mode():
-        for section in args.sections:
-            if section == "compile":
-                continue  # below
-            print(f"[{section}]", file=sys.stderr, flush=True)
+    with_clip = set(CLIP_SECTIONS) & set(args.sections)
+    models = build_clip_models(args.quick, "image" in args.sections) if with_clip else None
+    # compiled graphs are made outside inference_mode: compile runs last, under no_grad
+    order = [s for s in args.sections if s != "compile"] + ["compile"] * (
+        "compile" in args.sections
+    )
+    for section in order:
+        print(f"[{section}]", file=sys.stderr, flush=True)
+        run_section = section_function(section)
+        with torch.no_grad() if section == "compile" else torch.inference_mode():
             if section in CLIP_SECTIONS:
-                CLIP_SECTIONS[section](args, report, models)
+                run_section(args, report, models)
             else:
-                OTHER_SECTIONS[section](args, report)
-    if "compile" in args.sections:  # compiled graphs are made outside inference_mode
-        with torch.no_grad():
-            print("[compile]", file=sys.stderr, flush=True)
-            bench_compile(args, report, models)
+                run_section(args, report)
     report.meta["loadavg_end"] = os.getloadavg()
     report.meta["wall_s"] = time.perf_counter() - started
     text = report.markdown()
@@ -201,4 +225,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    if not __package__:  # run as a file (`uv run benchmarks/run.py`): import the package
+        sys.path[0] = str(Path(__file__).resolve().parents[1])
     sys.exit(main())

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness import Report, time_interleaved
+from benchmarks.harness import Report, time_interleaved
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository
 
@@ -31,7 +31,7 @@ def bench_startup(args: argparse.Namespace, report: Report) -> None:
         subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True, timeout=300)
 
     fns = {name: (lambda c=cmd: run(c)) for name, cmd in commands.items()}
-    t = time_interleaved(fns, args.startup_repeats, warmup=1)
+    t = time_interleaved(fns, args.startup_repeats, warmup=args.startup_warmup)
     report.add_case(
         "start-up (fresh interpreter, wall time)", "offline zero-shot, demo-shapes", t, 1, "run",
         ours="README first command",

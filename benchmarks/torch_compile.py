@@ -8,8 +8,9 @@ import argparse
 import time
 
 import torch
-from clip_models import ClipModels, prompts
-from harness import Report, max_diff, time_interleaved
+
+from benchmarks.clip_models import ClipModels, prompts
+from benchmarks.harness import Report, max_diff, time_interleaved
 
 
 def bench_compile(args: argparse.Namespace, report: Report, m: ClipModels) -> None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 
 import torch
-from harness import Report, max_diff, peak_memory_mb, random_fill_, time_interleaved
+
+from benchmarks.harness import Report, max_diff, peak_memory_mb, random_fill_, time_interleaved
 
 
 def bench_vit(args: argparse.Namespace, report: Report) -> None:

@@ -1,17 +1,12 @@
-"""Fixtures for the tests of benchmarks/: the entry point, loaded the way it runs."""
+"""Fixtures for the tests of benchmarks/ (the package ``benchmarks``, on pytest's pythonpath)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Iterator
-from pathlib import Path
-from types import ModuleType
+from typing import Any
 
 import pytest
 import torch
-
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 @pytest.fixture(autouse=True)
@@ -22,26 +17,11 @@ def _restore_threads() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-@pytest.fixture(scope="session")
-def benchmarks_run() -> Iterator[ModuleType]:
-    """``benchmarks/run.py`` as a module, to call ``main(argv)``.
+@pytest.fixture(scope="module")
+def tiny_openvino() -> tuple[Any, Any]:
+    """The tiny CLIP with random weights and OpenVINO's model of its image tower (one ONNX
+    export), as both investigations build them: ``ours_and_openvino_image(quick=True)``."""
+    pytest.importorskip("openvino")
+    from benchmarks.clip_models import ours_and_openvino_image
 
-    ``uv run benchmarks/run.py`` puts benchmarks/ on sys.path and run.py imports its
-    siblings (harness, clip_models, ...) by plain name; so does this fixture, for the
-    session (shadowing same-named modules other tests imported, such as apps/zero_shot.py),
-    and afterwards it takes the folder and those modules away again."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.syspath_prepend(str(BENCHMARKS))
-        for sibling in BENCHMARKS.glob("*.py"):  # e.g. apps/zero_shot.py imported earlier
-            mp.delitem(sys.modules, sibling.stem, raising=False)
-        spec = importlib.util.spec_from_file_location(
-            "attn_zoo_benchmarks_run", BENCHMARKS / "run.py"
-        )
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        mp.setitem(sys.modules, spec.name, module)  # dataclasses need it registered
-        spec.loader.exec_module(module)
-        yield module
-    for name, mod in list(sys.modules.items()):
-        if Path(getattr(mod, "__file__", None) or "/").parent == BENCHMARKS:
-            del sys.modules[name]
+    return ours_and_openvino_image(True)

@@ -1,31 +1,44 @@
-"""benchmarks/run.py --quick: every section runs on tiny configs and reports rows, checks
-and goals (a smoke test of the benchmarks; timings are not asserted)."""
+"""benchmarks/: every section of ``benchmarks.run`` and both investigations run in this
+process on tiny configs (one repeat) and report rows, checks and goals; bad input is refused
+(one real process per entry form for the exit code). Timings are not asserted."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import torch
+
+from benchmarks import run
+from benchmarks.investigations import op_profile, products
+
+ROOT = Path(__file__).resolve().parents[2]
+ONE = ["--quick", "--repeats", "1", "--threads", "1"]  # tiny ops are not worth a second thread
 
 
-def test_quick_run_writes_tables_and_json(benchmarks_run, tmp_path, capsys):
+def run_json(tmp_path: Path, *argv: str) -> dict:
+    """``benchmarks.run.main`` in process with ``--json``; the written result."""
     out = tmp_path / "bench.json"
-    argv = ["--quick", "--repeats", "1", "--json", str(out), "--markdown", str(tmp_path / "b.md")]
-    threads = torch.get_num_threads()
-    try:  # one thread: tiny ops are not worth a second one (and other jobs may hold the CPU)
-        assert benchmarks_run.main([*argv, "--threads", "1"]) == 0
-    finally:
-        torch.set_num_threads(threads)
+    assert run.main([*argv, "--json", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def max_diffs(result: dict) -> list[float]:
+    return [
+        float(row["check"].split()[2].rstrip(";"))
+        for row in result["rows"]
+        if row["check"].startswith("max diff")
+    ]
+
+
+def test_quick_run_writes_tables_and_json(tmp_path, capsys):
+    """--quick's default sections: image, text, zero-shot, ViT, attention, dispatch, ann, embed."""
+    result = run_json(tmp_path, *ONE, "--markdown", str(tmp_path / "b.md"))
     printed = capsys.readouterr().out
     assert "### Goals" in printed and "| ref / ours |" in printed
-    result = json.loads(out.read_text())
-    sections = {row["section"] for row in result["rows"]}
-    assert len(sections) == 8  # image, text, zero-shot, ViT, attention, dispatch, ann, embed
+    assert len({row["section"] for row in result["rows"]}) == 8
     impls = {row["impl"] for row in result["rows"]}
     assert {"ours", "open_clip", "timm", "transformers", "ours bf16", "open_clip bf16"} <= impls
     for row in result["rows"]:
@@ -38,93 +51,106 @@ def test_quick_run_writes_tables_and_json(benchmarks_run, tmp_path, capsys):
     assert "approximate search 10,000 x 128, batch 64" in goals  # ann: recall, queries/s
     assert any(g.startswith("index 16 JPEGs") for g in goals)  # embed: against the model
     # identical weights: ours agrees with every reference (tiny fp32 models)
-    for row in result["rows"]:
-        if row["check"].startswith("max diff"):
-            assert float(row["check"].split()[2].rstrip(";")) <= 1e-4, row
+    assert max_diffs(result) and max(max_diffs(result)) <= 1e-4
     assert (tmp_path / "b.md").read_text().startswith("###")
 
 
-def test_bad_section_is_refused(benchmarks_run):
-    with pytest.raises(SystemExit):
-        benchmarks_run.main(["--only", "nope"])
+@pytest.mark.parametrize(
+    "main, argv, message",
+    [
+        (run.main, ["--only", "nope"], "unknown sections ['nope']; expected some of: image,"),
+        (run.main, ["--skip", "image,nope"], "unknown sections ['nope']"),
+        (run.main, ["--repeats", "0"], "--repeats must be at least 1, got 0"),
+        (run.main, ["--rounds", "0"], "--rounds must be at least 1, got 0"),
+        (run.main, ["--precisions", "fp16"], "--precisions expects fp32, bf16 or fp32,bf16"),
+        (products.main, ["--quick", "--batch", "0"], "--batch must be at least 1, got 0"),
+        (products.main, ["--quick", "--repeats", "0"], "--repeats must be at least 1, got 0"),
+        (products.main, ["--quick", "--threads", "0"], "--threads must be at least 1, got 0"),
+        (op_profile.main, ["--quick", "--repeats", "0"], "--repeats must be at least 1, got 0"),
+        (op_profile.main, ["--quick", "--top", "0"], "--top must be at least 1, got 0"),
+    ],
+)
+def test_bad_input_gets_one_line_and_exit_2(main, argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err.splitlines()[-1]
 
 
-def test_startup_section_reports_the_goal(benchmarks_run, tmp_path):
-    """--only startup: fresh interpreters for the README's first command and `import torch`."""
-    out = tmp_path / "bench.json"
-    assert benchmarks_run.main(["--only", "startup", "--quick", "--json", str(out)]) == 0
-    result = json.loads(out.read_text())
+@pytest.mark.parametrize("entry", [["-m", "benchmarks.run"], ["benchmarks/run.py"]])
+def test_entry_points_exit_2_in_a_real_process(entry):
+    """Both documented forms (``python -m benchmarks.run`` and the file) import the package
+    and exit 2 on bad input; arguments are read before torch is imported (well under 1 s)."""
+    done = subprocess.run(
+        [sys.executable, *entry, "--only", "nope"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "unknown sections ['nope']" in done.stderr.splitlines()[-1]
+
+
+def test_startup_section_reports_the_goal(tmp_path):
+    """--only startup --quick: one fresh interpreter each for the README's first command
+    and `import torch`."""
+    result = run_json(tmp_path, "--only", "startup", "--quick")
     assert {row["impl"] for row in result["rows"]} == {"import torch", "README first command"}
     (goal,) = result["goals"]
     assert goal["name"] == "start-up: the README's first command" and "s vs" in goal["measured"]
 
 
-def test_engines_section_runs_every_runtime_on_the_same_weights(benchmarks_run, tmp_path):
+def test_engines_section_runs_every_runtime_on_the_same_weights(tmp_path):
     """--only engines --quick: ours, ONNX Runtime and OpenVINO (fp32, bf16, static int8) on
-    the tiny CLIP's image tower; fp32 outputs agree with ours."""
+    the tiny CLIP's towers; fp32 outputs agree with ours."""
     for module in ("onnxruntime", "openvino", "nncf"):
         pytest.importorskip(module)
-    out = tmp_path / "bench.json"
-    argv = ["--only", "engines", "--quick", "--repeats", "1", "--batches", "1"]
-    assert benchmarks_run.main([*argv, "--threads", "1", "--json", str(out)]) == 0
-    result = json.loads(out.read_text())
+    result = run_json(tmp_path, "--only", "engines", *ONE, "--batches", "1")
     impls = {row["impl"] for row in result["rows"]}
     assert {"ours", "ONNX Runtime", "OpenVINO", "ours bf16", "ours dynamic int8"} <= impls
     assert "OpenVINO static int8" in impls
+    assert max_diffs(result) and max(max_diffs(result)) <= 1e-4
     for row in result["rows"]:
-        if row["check"].startswith("max diff"):
-            assert float(row["check"].split()[2]) <= 1e-4, row
-        elif row["check"].startswith("cos to fp32"):
+        if row["check"].startswith("cos to fp32"):
             assert float(row["check"].split()[3]) >= 0.99, row
-    assert any(g["name"] == "image tower fp32 batch 1 vs OpenVINO" for g in result["goals"])
+    goals = {g["name"] for g in result["goals"]}
+    assert {"image tower fp32 batch 1 vs OpenVINO", "text tower fp32, 80 prompts vs OpenVINO"} <= (
+        goals
+    )
 
 
-def test_products_refuses_counts_below_one():
-    """products.py: --batch / --repeats / --threads below 1 get one line and exit 2."""
-    bench = Path(__file__).resolve().parents[2] / "benchmarks"
-    for flag in ("--batch", "--repeats", "--threads"):
-        done = subprocess.run(
-            [sys.executable, str(bench / "products.py"), "--quick", flag, "0"],
-            cwd=bench, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        assert done.returncode == 2, done.stderr[-2000:]
-        assert f"{flag} must be at least 1, got 0" in done.stderr.splitlines()[-1]
-
-
-@pytest.mark.parametrize(
-    "script, argv",
-    [
-        ("op_profile.py", ["--quick", "--repeats", "2"]),
-        ("engines_alone.py", ["--quick", "--batches", "1", "--rounds", "1", "--repeats", "1"]),
-        ("products.py", ["--quick", "--kernels", "--repeats", "1"]),
-    ],
-)
-def test_profile_and_separate_process_scripts_run(script, argv):
-    """op_profile.py (ours' ops next to OpenVINO's counters), engines_alone.py (each
-    runtime in its own process) and products.py (the products alone, on each kernel) on
-    the tiny CLIP: their tables come out, outputs agree."""
+def test_engines_alone_section_runs_each_runtime_in_its_own_process(tmp_path):
+    """--only engines-alone --quick: one process for ours, one for OpenVINO (fp32 and bf16,
+    batch 1); OpenVINO's fp32 output agrees with ours, bf16 outputs keep cosine >= 0.99."""
     pytest.importorskip("openvino")
-    bench = Path(__file__).resolve().parents[2] / "benchmarks"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [sys.executable, str(bench / script), *argv],
-        cwd=bench, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
-    if script == "op_profile.py":
-        kinds = {r.split(" | ")[0][2:] for r in rows}
-        assert "Linear (matrix products of the weights)" in kinds and "layer norm" in kinds
-        assert any("_linear_pointwise" in r for r in rows)  # ours' ops
-        assert any("FullyConnected" in r for r in rows)  # OpenVINO's node types
-    elif script == "products.py":
-        labels = {r.split(" | ")[0][2:] for r in rows}
-        assert {"tower", "products", "rest (tower - products)"} <= labels
-        assert sum(label.startswith("ours products, ") for label in labels) == 5
-        diff = float(done.stdout.split("max diff ")[1].split(")")[0])
-        assert diff <= 1e-4, done.stdout  # OpenVINO's products are ours
-    else:
-        fp32 = next(r for r in rows if r.startswith("| fp32 batch 1 "))
-        assert float(fp32.split("max diff ")[1].split()[0]) <= 1e-4, fp32
-        bf16 = next(r for r in rows if r.startswith("| bf16 batch 1 "))
-        assert min(map(float, bf16.split("cos to fp32 ")[1].split()[:3:2])) >= 0.99, bf16
+    result = run_json(tmp_path, "--only", "engines-alone", *ONE, "--batches", "1")
+    assert [(r["case"], r["impl"]) for r in result["rows"]] == [
+        ("fp32 batch 1", "ours"), ("fp32 batch 1", "OpenVINO"),
+        ("bf16 batch 1", "ours"), ("bf16 batch 1", "OpenVINO"),
+    ]  # fmt: skip
+    fp32, bf16 = (r["check"] for r in result["rows"] if r["impl"] == "OpenVINO")
+    assert float(fp32.split()[2]) <= 1e-4, fp32
+    assert min(map(float, bf16.split()[3:6:2])) >= 0.99, bf16
+    goals = [g["name"] for g in result["goals"]]
+    assert goals == [f"tiny CLIP {p} batch 1, each runtime alone" for p in ("fp32", "bf16")]
+
+
+def test_products_splits_the_tower_into_products_and_rest(tiny_openvino):
+    """investigations.products --quick --kernels: tower, products and rest for ours and
+    OpenVINO, our products on 5 kernels; OpenVINO's products are ours (max diff)."""
+    args = products.parse_args(["--quick", "--kernels", "--repeats", "1"])
+    text = products.products_table(args, *tiny_openvino)
+    labels = {r.split(" | ")[0][2:] for r in text.splitlines() if r.startswith("| ")}
+    assert {"tower", "products", "rest (tower - products)"} <= labels
+    assert sum(label.startswith("ours products, ") for label in labels) == 5
+    assert float(text.split("max diff ")[1].split(")")[0]) <= 1e-4, text
+
+
+def test_op_profile_lists_ours_next_to_openvino(tiny_openvino):
+    """investigations.op_profile --quick: kinds of work for both, ours' aten ops and
+    OpenVINO's node types."""
+    args = op_profile.parse_args(["--quick", "--repeats", "2"])
+    text = op_profile.profile_tables(args, *tiny_openvino)
+    rows = [line for line in text.splitlines() if line.startswith("| ")]
+    kinds = {r.split(" | ")[0][2:] for r in rows}
+    assert "Linear (matrix products of the weights)" in kinds and "layer norm" in kinds
+    assert any("_linear_pointwise" in r for r in rows)  # ours' ops
+    assert any("FullyConnected" in r for r in rows)  # OpenVINO's node types

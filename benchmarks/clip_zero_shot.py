@@ -8,8 +8,9 @@ import argparse
 import time
 
 import torch
-from clip_models import ClipModels, ours_bf16
-from harness import Report, Timing, cosine
+
+from benchmarks.clip_models import ClipModels, ours_bf16
+from benchmarks.harness import Report, Timing, cosine
 
 
 def bench_zero_shot(args: argparse.Namespace, report: Report, m: ClipModels) -> None:

@@ -1,11 +1,11 @@
 """The batch-1 gap split in two: the weight products of the blocks alone, and the rest of
 the tower (issue 19; docs/benchmarks.md, "On a CPU without AVX-512").
 
-    uv run benchmarks/products.py --threads 1          # ViT-B/32 batch 1, one thread (~1 min)
-    uv run benchmarks/products.py --threads 1 --batch 8 --repeats 5   # 400-row products
-    GOMP_SPINCOUNT=10000 uv run benchmarks/products.py --threads 2
-    uv run benchmarks/products.py --threads 1 --kernels   # + our products on other kernels
-    uv run benchmarks/products.py --quick              # the tiny CLIP (a smoke test)
+    uv run python -m benchmarks.investigations.products --threads 1   # ViT-B/32 batch 1 (~1 min)
+    uv run python -m benchmarks.investigations.products --threads 1 --batch 8 --repeats 5
+    GOMP_SPINCOUNT=10000 uv run python -m benchmarks.investigations.products --threads 2
+    uv run python -m benchmarks.investigations.products --threads 1 --kernels  # + other kernels
+    uv run python -m benchmarks.investigations.products --quick      # the tiny CLIP (a smoke test)
 
 Four things are timed interleaved in one process, on the same random weights and threads:
 our image tower and OpenVINO's (the graph ``attn_clip.export`` writes), and each runtime's
@@ -17,7 +17,7 @@ pooled row alone, as ``encode_image`` does. OpenVINO: a graph of the 48 MatMul +
 ``rest`` is the tower minus its products: patch embedding, layer norms, attention,
 residual adds, layout, dispatch and Python. One thread keeps the runtimes from taking the
 cores from each other between calls; with more, run it with the
-``GOMP_SPINCOUNT`` of the ``engines`` section (engines.py). ``--kernels`` adds our
+``GOMP_SPINCOUNT`` of the ``engines`` section (benchmarks/engines.py). ``--kernels`` adds our
 products computed by each CPU kernel PyTorch has for them: oneDNN on pre-packed weights
 with GELU fused in (as ``linear_act`` runs them) or run as its own op, the rest with
 GELU as its own op: oneDNN on the plain (unpacked) weights, MKL's ``sgemm``
@@ -27,12 +27,15 @@ weight freezing uses for fp32)."""
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from attn_core.fast_inference import linear_act
-from harness import time_interleaved
+
+from benchmarks.clip_models import ours_and_openvino_image
+from benchmarks.harness import time_interleaved
 
 
 def openvino_products(blocks, xw: torch.Tensor, xh: torch.Tensor, threads: int):
@@ -113,28 +116,32 @@ def kernel_variants(items: list) -> dict:
     }
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; counts below 1 are refused (exit 2)."""
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.investigations.products", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--batch", type=int, default=1, help="images (products: 50 rows each)")
     p.add_argument("--threads", type=int, default=None, help="default: torch's thread count")
     p.add_argument("--repeats", type=int, default=15, help="timed samples of each")
     p.add_argument("--quick", action="store_true", help="the tiny CLIP")
     p.add_argument("--kernels", action="store_true", help="our products on other kernels")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     for name in ("batch", "threads", "repeats"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    return args
+
+
+def products_table(args: argparse.Namespace, ours: Any, graph: Any) -> str:
+    """Time the towers and the products (``ours``, OpenVINO's ``graph`` of its image tower,
+    from ``ours_and_openvino_image``); the table as markdown, with its heading line."""
     from attn_clip import export as ex
-    from clip_models import ours_and_openvino_image
 
     threads = torch.get_num_threads()
-    ours, graph = ours_and_openvino_image(args.quick)
     config = ours.config
     tower = ex.OpenVINOTower(ex.compile_openvino(graph, threads))
-    trunk = ours.visual.trunk
-    blocks = list(trunk.blocks)
+    blocks = list(ours.visual.trunk.blocks)
     size, patch = config.vision.image_size, config.vision.patch_size
     tokens = (size // patch) ** 2 + 1
     x = torch.randn(args.batch, 3, size, size)
@@ -159,25 +166,35 @@ def main() -> None:
             fns.update(kernel_variants(items))
         t = {k: v.median * 1e3 for k, v in time_interleaved(fns, args.repeats, 2).items()}
     name = "tiny CLIP" if args.quick else "ViT-B/32"
-    print(
+    lines = [
         f"{name} image tower, batch {args.batch}, {threads} threads, median of {args.repeats} "
         f"interleaved calls; products: those of the {len(blocks)} blocks (OpenVINO's outputs "
-        f"to ours: max diff {diff:.1e})\n"
-    )
-    print("| ms per call | ours | OpenVINO | ours vs OpenVINO |")
-    print("|---|---:|---:|---:|")
+        f"to ours: max diff {diff:.1e})",
+        "",
+        "| ms per call | ours | OpenVINO | ours vs OpenVINO |",
+        "|---|---:|---:|---:|",
+    ]
     rows = {
         "tower": (t["ours tower"], t["OpenVINO tower"]),
         "products": (t["ours products"], t["OpenVINO products"]),
     }
     rows["rest (tower - products)"] = tuple(a - b for a, b in zip(*rows.values(), strict=True))
     for label, (o, v) in rows.items():
-        print(f"| {label} | {o:.1f} | {v:.1f} | {v / o:.2f}x |")
+        lines.append(f"| {label} | {o:.1f} | {v:.1f} | {v / o:.2f}x |")
     for label in fns:
         if label.startswith("products, "):
             o, v = t[label], t["OpenVINO products"]
-            print(f"| ours {label} | {o:.1f} | {v:.1f} | {v / o:.2f}x |")
+            lines.append(f"| ours {label} | {o:.1f} | {v:.1f} | {v / o:.2f}x |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(products_table(args, *ours_and_openvino_image(args.quick)))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -1,9 +1,9 @@
 """Where the time goes: a per-op profile of our CLIP image tower next to OpenVINO's per-layer
 counters, on the same random weights, batch and threads (issue 19; docs/benchmarks.md).
 
-    OMP_WAIT_POLICY=PASSIVE uv run benchmarks/op_profile.py                 # ViT-B/32, batch 1
-    OMP_WAIT_POLICY=PASSIVE uv run benchmarks/op_profile.py --precision bf16 --batch 8
-    uv run benchmarks/op_profile.py --quick                                 # the tiny CLIP
+    GOMP_SPINCOUNT=10000 uv run python -m benchmarks.investigations.op_profile  # ViT-B/32, batch 1
+    OMP_WAIT_POLICY=PASSIVE uv run python -m benchmarks.investigations.op_profile --precision bf16
+    uv run python -m benchmarks.investigations.op_profile --quick               # the tiny CLIP
 
 Ours: ``torch.profiler`` over ``--repeats`` calls, self CPU time per op. OpenVINO: the graph
 ``attn_clip.export`` writes, compiled as the ``engines`` section compiles it plus
@@ -15,17 +15,20 @@ patch embedding as one more ``_linear_pointwise`` (``attn_core.fast_inference.pa
 it sits in our Linear row, where OpenVINO has a Convolution. The profilers add their own
 overhead per op (more for ours: one record per aten call), so the shares matter more than
 the sums; the ``wall`` line times both without a profiler, interleaved. Run it with the
-OpenMP setting of the ``engines`` section (engines.py): it decides how long our threads take
-to wake for each op, which is most of the difference at batch 1."""
+OpenMP setting of the ``engines`` section (benchmarks/engines.py): it decides how long our
+threads take to wake for each op, which is most of the difference at batch 1."""
 
 from __future__ import annotations
 
 import argparse
 import os
 from collections import defaultdict
+from typing import Any
 
 import torch
-from harness import time_interleaved
+
+from benchmarks.clip_models import ours_and_openvino_image
+from benchmarks.harness import time_interleaved
 
 # the first matching pattern names an op's kind of work (ours: aten / mkldnn op names;
 # OpenVINO: node types)
@@ -113,23 +116,33 @@ def tables(ours: dict, ov: dict, wall: dict[str, float], top: int) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; counts below 1 are refused (exit 2)."""
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.investigations.op_profile",
+        description=__doc__.split("\n\n")[0],
+    )
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--repeats", type=int, default=50, help="profiled calls of each")
     p.add_argument("--threads", type=int, default=None, help="default: torch's thread count")
     p.add_argument("--top", type=int, default=12, help="ops listed per side")
     p.add_argument("--quick", action="store_true", help="the tiny CLIP")
-    args = p.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args = p.parse_args(argv)
+    for name in ("batch", "repeats", "threads", "top"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    return args
+
+
+def profile_tables(args: argparse.Namespace, ours: Any, ov_model: Any) -> str:
+    """Profile ``ours`` and OpenVINO's model of its image tower (from
+    ``ours_and_openvino_image``, not changed: bf16 runs a bf16 copy of ours); the tables."""
     import openvino as ov
+    from attn_clip import create_model
     from attn_clip import export as ex
-    from clip_models import ours_and_openvino_image
 
     threads = torch.get_num_threads()
-    ours, ov_model = ours_and_openvino_image(args.quick)
     config = ours.config
     precision = {"fp32": "f32", "bf16": "bf16"}[args.precision]
     compiled = ex.compile_openvino(ov_model, threads, precision)
@@ -144,7 +157,9 @@ def main() -> None:
         },
     )
     if args.precision == "bf16":
-        ours = ours.to(torch.bfloat16)
+        ours16 = create_model(config, precision="bf16").eval()
+        ours16.load_state_dict(ours.state_dict())
+        ours = ours16
     size = config.vision.image_size
     x = torch.randn(args.batch, 3, size, size)
     xo = x.to(torch.bfloat16) if args.precision == "bf16" else x
@@ -157,12 +172,20 @@ def main() -> None:
     ov_ops = profile_openvino(perf, x, args.repeats)
     policy = os.environ.get("OMP_WAIT_POLICY", "unset")
     name = "tiny CLIP" if args.quick else "ViT-B/32"
-    print(
+    return (
         f"{name} image tower, {args.precision}, batch {args.batch}, {threads} threads, "
-        f"{args.repeats} profiled calls each, OMP_WAIT_POLICY {policy}\n"
+        f"{args.repeats} profiled calls each, OMP_WAIT_POLICY {policy}\n\n"
+        + tables(ours_ops, ov_ops, wall, args.top)
     )
-    print(tables(ours_ops, ov_ops, wall, args.top))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(profile_tables(args, *ours_and_openvino_image(args.quick)))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
