@@ -1,16 +1,12 @@
-"""Fixtures shared by the tests of scripts/*.py."""
+"""Fixtures shared by the tests of scripts/*.py (which import as top-level modules: pytest's
+``pythonpath`` has scripts/). Shared helpers: tests/_support/scripts.py and train.py."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+import importlib
 
 import pytest
 import torch
-
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-sys.path.insert(0, str(SCRIPTS))  # the scripts import scripts/_interrupt.py
 
 
 @pytest.fixture(autouse=True)
@@ -21,16 +17,7 @@ def _restore_threads():
     torch.set_num_threads(threads)
 
 
-def _load(name: str):
-    """``scripts/<name>.py`` as a module (registered in sys.modules: dataclasses need it)."""
-    spec = importlib.util.spec_from_file_location(f"attn_zoo_script_{name}", SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="session")
 def load_script():
     """``load_script("train_clip")`` -> the script's module, to call its functions."""
-    return _load
+    return importlib.import_module

@@ -2,22 +2,19 @@
 loss stops cleanly with the last good checkpoint untouched, and stop + resume is exact
 (dropout, shuffling, accumulation, EMA, schedule, evaluation that draws random numbers);
 Ctrl-C names the checkpoint, unreadable items warn / stop the run, and the progress bar is
-as long as the run."""
+as long as the run. (2 processes with accumulation equal one: test_distributed.py.)"""
 
 from __future__ import annotations
 
-import importlib.util
 import io
-import os
-import socket
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
 import tqdm
+from _support.scripts import records, step_losses
+from _support.train import mlp_dataset, mse, run_args, train_mlp
 from attn_train import (
     LoopConfig,
     NonFiniteLossError,
@@ -34,23 +31,10 @@ from attn_train import (
 from safetensors.torch import load_file
 from torch import nn
 
-WORKER = Path(__file__).with_name("loop_worker.py")
-
-
-def _load_worker():
-    spec = importlib.util.spec_from_file_location("attn_train_loop_worker", WORKER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-worker = _load_worker()
-train, records, step_losses = worker.train, worker.records, worker.step_losses
-
 
 def test_accumulation_equals_the_big_batch(tmp_path):
-    train(tmp_path / "big", batch_size=16, accum=1)
-    train(tmp_path / "acc", batch_size=8, accum=2)
+    train_mlp(tmp_path / "big", batch_size=16, accum=1)
+    train_mlp(tmp_path / "acc", batch_size=8, accum=2)
     big, acc = step_losses(tmp_path / "big"), step_losses(tmp_path / "acc")
     assert big.keys() == acc.keys() == {1, 2, 3, 4}
     for k in big:
@@ -59,7 +43,7 @@ def test_accumulation_equals_the_big_batch(tmp_path):
     b = load_file(tmp_path / "acc" / "last" / "model.safetensors")
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=1e-5)
-    train(tmp_path / "small", batch_size=8, accum=1)  # half the batch: a real difference
+    train_mlp(tmp_path / "small", batch_size=8, accum=1)  # half the batch: a real difference
     c = load_file(tmp_path / "small" / "last" / "model.safetensors")
     assert max((a[k] - c[k]).abs().max() for k in a) > 1e-3
 
@@ -67,7 +51,7 @@ def test_accumulation_equals_the_big_batch(tmp_path):
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     out = tmp_path / "run"
     with pytest.raises(NonFiniteLossError) as e:
-        train(out, max_steps=8, save_every=2, debug_nan_at_step=5)
+        train_mlp(out, max_steps=8, save_every=2, debug_nan_at_step=5)
     message = str(e.value)
     assert "loss is nan at update 5" in message
     assert f"the last good checkpoint is {out / 'last'} (step 4)" in message
@@ -77,7 +61,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     assert max(step_losses(out)) == 4  # nothing after the bad update
 
     with pytest.raises(NonFiniteLossError, match="no checkpoint had been written yet"):
-        train(tmp_path / "early", max_steps=8, save_every=None, debug_nan_at_step=1)
+        train_mlp(tmp_path / "early", max_steps=8, save_every=None, debug_nan_at_step=1)
 
 
 def test_stop_and_resume_is_exact(tmp_path):
@@ -86,9 +70,9 @@ def test_stop_and_resume_is_exact(tmp_path):
 
     common = {"batch_size": 4, "accum": 2, "total": 10, "dropout": 0.2, "ema": 0.9}
     common.update(evaluate=evaluate, best_metric="score")
-    straight = train(tmp_path / "straight", max_steps=10, **common)  # 4 updates per epoch
-    train(tmp_path / "resumed", max_steps=5, save_every=3, **common)  # stops mid-epoch 1
-    resumed = train(tmp_path / "resumed", max_steps=10, **common)
+    straight = train_mlp(tmp_path / "straight", max_steps=10, **common)  # 4 updates per epoch
+    train_mlp(tmp_path / "resumed", max_steps=5, save_every=3, **common)  # stops mid-epoch 1
+    resumed = train_mlp(tmp_path / "resumed", max_steps=10, **common)
     assert straight["step"] == resumed["step"] == 10
     assert [r["event"] for r in records(tmp_path / "resumed") if r.get("event")].count(
         "resume"
@@ -105,56 +89,33 @@ def test_stop_and_resume_is_exact(tmp_path):
 
 
 def test_fit_takes_exactly_one_of_loss_fn_and_step_fn(tmp_path):
-    run = start_run(worker.args(tmp_path))
+    run = start_run(run_args(tmp_path))
     model = nn.Linear(4, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    loader = make_loader(worker.dataset(), 8, run.d)
+    loader = make_loader(mlp_dataset(), 8, run.d)
     with pytest.raises(TypeError, match="exactly one"):
         fit(run, model, optimizer, None, loader, LoopConfig(1))
 
 
 def test_run_reads_a_file_of_the_checkpoint_being_resumed(tmp_path):
-    worker.train(tmp_path, max_steps=2, total=2)
-    run = start_run(worker.args(tmp_path))
+    train_mlp(tmp_path, max_steps=2, total=2)
+    run = start_run(run_args(tmp_path))
     assert run.resume
     (run.last / "vocab.txt").write_text("abc", encoding="utf-8")
     assert run.read_last("vocab.txt", lambda p: p.read_text(encoding="utf-8")) == "abc"
     with pytest.raises(ResumeError, match="missing.txt"):
         run.read_last("missing.txt", lambda p: p.read_text(encoding="utf-8"))
-    empty = start_run(worker.args(tmp_path / "empty"))
+    empty = start_run(run_args(tmp_path / "empty"))
     with pytest.raises(ValueError, match="no checkpoint"):
         empty.read_last("vocab.txt", Path.read_text)
 
 
-@pytest.mark.slow
-def test_torchrun_two_processes_with_accumulation_equal_one_process(tmp_path):
-    train(tmp_path / "single", batch_size=16, accum=1, max_steps=4)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-    cmd += ["--master-port", str(port), str(WORKER), str(tmp_path / "ddp"), "4", "2", "4"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    start = records(tmp_path / "ddp")[0]
-    assert start["world_size"] == 2 and start["global_batch"] == 16
-    single, ddp = step_losses(tmp_path / "single"), step_losses(tmp_path / "ddp")
-    assert single.keys() == ddp.keys() == {1, 2, 3, 4}
-    for k in single:
-        assert ddp[k] == pytest.approx(single[k], rel=1e-5)
-    a = load_file(tmp_path / "single" / "last" / "model.safetensors")
-    b = load_file(tmp_path / "ddp" / "last" / "model.safetensors")
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4)
-
-
-def fit_tiny(out: Path, loss_fn=worker.mse, items=None, batch_size=8, **config) -> dict:
-    """fit() of a linear model on ``items`` (default: the worker's 32 pairs; None items are
+def fit_tiny(out: Path, loss_fn=mse, items=None, batch_size=8, **config) -> dict:
+    """fit() of a linear model on ``items`` (default: ``mlp_dataset()``'s 32 pairs; None items are
     unreadable ones); ``config``: LoopConfig fields."""
-    run = start_run(worker.args(out))
+    run = start_run(run_args(out))
     model = nn.Linear(4, 2)
-    data = worker.dataset() if items is None else items
+    data = mlp_dataset() if items is None else items
     loader = make_loader(data, batch_size, run.d, seed=0, collate_fn=collate_skip_unreadable)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     scheduler = lambda_lr(optimizer, lambda step: 1.0)
@@ -169,7 +130,7 @@ def interrupt_at(call: int):
     def loss_fn(model, batch):
         if next(calls) == call:
             raise KeyboardInterrupt
-        return worker.mse(model, batch)
+        return mse(model, batch)
 
     return loss_fn
 
@@ -187,7 +148,7 @@ def test_ctrl_c_names_the_checkpoint_to_resume_from(tmp_path):
 
 
 def test_unreadable_items_warn_above_the_limit_and_stop_when_all_are(tmp_path):
-    pairs = worker.dataset()
+    pairs = mlp_dataset()
     with pytest.raises(UnreadableDataError, match="none of the 32 training items read in epoch 0"):
         fit_tiny(tmp_path / "none", items=[None] * 32)
     assert not (tmp_path / "none" / "last").exists()  # no untrained checkpoint

@@ -1,53 +1,36 @@
-"""``--fsdp`` (attn_train.fsdp: FSDP2) with 2 CPU processes (gloo), on scripts/finetune_vit.py
-and scripts/train_clip.py with tiny models: losses and weights equal the DDP run, a run
-stopped mid-way resumes to the uninterrupted run's weights, the checkpoint is sharded
-(torch.distributed.checkpoint, one file per rank) next to whole weights, and a truncated or
-hostile checkpoint is one clear error.
+"""Training with 2 CPU processes under ``torchrun`` (gloo): DDP equals one process on the
+same global batch (attn_train.fit with accumulation, scripts/finetune_vit.py and
+scripts/train_clip.py), scripts/train_translation.py runs and checkpoints both ranks, and
+``--fsdp`` (attn_train.fsdp: FSDP2) on finetune_vit and train_clip: losses and weights
+equal the DDP run, a run stopped mid-way resumes to the uninterrupted run's weights, the
+checkpoint is sharded (torch.distributed.checkpoint, one file per rank) next to whole
+weights, and a truncated or hostile checkpoint is one clear error.
 
-One ``torchrun`` launch runs every training (this file is its script: see ``worker``), so
-the imports and the process group are paid for once.
+One ``torchrun`` launch runs every distributed training of the test suite (this file is its
+script: see ``worker``), so the interpreters, imports and the process group are paid for
+once; the one-process references run in the test process.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import shutil
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from _support.scripts import records, step_losses, torchrun, weights
+from _support.train import CLIP_TINY, VIT_TINY, shapes_data, train_mlp
 
-ROOT = Path(__file__).resolve().parents[2]
-VIT = [
-    *("--model", "vit_tiny_patch16_224", "--img-size", "32", "--patch-size", "8"),
-    *("--set", "depth=2", "embed_dim=32", "num_heads=2"),
-    *("--batch-size", "8", "--max-steps", "4", "--save-every", "1", "--grad-clip", "1"),
-]
-CLIP = [
-    *("--set", "embed_dim=32", "vision.image_size=32", "vision.width=32", "vision.layers=1"),
-    *("text.width=16", "text.layers=1", "text.context_length=16"),
-    *("--batch-size", "8", "--accum", "2", "--max-steps", "3", "--grad-clip", "1"),
-]
+VIT = [*VIT_TINY, "--batch-size", "8", "--max-steps", "4", "--save-every", "1"]
+VIT += ["--grad-clip", "1"]
+CLIP = ["--set", *CLIP_TINY, "--batch-size", "8", "--accum", "2", "--max-steps", "3"]
+CLIP += ["--grad-clip", "1"]
+NLP = ["--set", "embed_dim=32", "mlp_dim=64", "num_heads=4", "dropout=0.1"]
+NLP += ["--batch-size", "16", "--max-steps", "4", "--save-every", "2"]
 COMMON = ["--threads", "1", "--quiet", "--device", "cpu", "--log-every", "1", "--warmup", "1"]
 COMMON += ["--lr", "3e-3"]
-
-
-def script(name: str):
-    if str(ROOT / "scripts") not in sys.path:  # the scripts import scripts/_interrupt.py
-        sys.path.insert(0, str(ROOT / "scripts"))
-    spec = importlib.util.spec_from_file_location(
-        f"fsdp_test_{name}", ROOT / "scripts" / f"{name}.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def vit_args(data: Path) -> list[str]:
@@ -62,13 +45,26 @@ def clip_args(data: Path) -> list[str]:
     ]
 
 
+def translation_args(corpus: Path) -> list[str]:
+    return ["train", "--train", str(corpus / "train.tsv"), *NLP, *COMMON]
+
+
+def without(args: list[str], flag: str) -> list[str]:
+    """``args`` without ``flag`` and its value."""
+    i = args.index(flag)
+    return args[:i] + args[i + 2 :]
+
+
 # -- the torchrun worker -------------------------------------------------------------------
 
 
-def worker(out: Path, data: Path) -> None:
+def worker(out: Path, data: Path, corpus: Path) -> None:
     """Every run of the tests, in one torchrun launch; rank 0 writes ``out/errors.json``."""
     import attn_train.loop
+    import finetune_vit as fv
     import torch.distributed as dist
+    import train_clip as tc
+    import train_translation as tt
     from attn_train import NonFiniteLossError
 
     # one process group for every run: a run leaves it at its end, and creating gloo groups
@@ -77,8 +73,10 @@ def worker(out: Path, data: Path) -> None:
     attn_train.loop.cleanup_distributed = lambda: None
     barrier = dist.barrier
 
-    fv, tc = script("finetune_vit"), script("train_clip")
+    train_mlp(out / "mlp_ddp", batch_size=4, accum=2, max_steps=4)  # 2 x 4 x 2 = 16 a step
     vit = vit_args(data)
+    # drop path draws from each rank's RNG; augmentation is seeded by item, so it may stay
+    fv.main([*vit, "--drop-path", "0", "--out", str(out / "vit_ddp_no_drop_path")])
     fv.main([*vit, "--out", str(out / "vit_ddp")])
     fv.main([*vit, "--fsdp", "--out", str(out / "vit_fsdp")])
     fv.main([*vit, "--precision", "bf16", "--out", str(out / "vit_ddp_bf16")])
@@ -111,6 +109,7 @@ def worker(out: Path, data: Path) -> None:
     clip = clip_args(data)
     tc.main([*clip, "--out", str(out / "clip_ddp")])
     tc.main([*clip, "--fsdp", "--out", str(out / "clip_fsdp")])
+    tt.main([*translation_args(corpus), "--out", str(out / "translation_ddp")])
     barrier()
     if dist.get_rank() == 0:
         (out / "errors.json").write_text(json.dumps(errors))
@@ -121,33 +120,49 @@ def worker(out: Path, data: Path) -> None:
 HOSTILE = b"cposix\nsystem\n(S'touch PWNED'\ntR."
 
 
-# -- the tests -----------------------------------------------------------------------------
+# -- the launch and the one-process references -----------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> Path:
-    from attn_train import shapes
+def data(tmp_path_factory) -> Path:
+    return shapes_data(tmp_path_factory)
 
-    data = tmp_path_factory.mktemp("shapes")
-    shapes.write_dataset(data, n_train=48, n_val=24, n_heldout=12, image_size=32)
-    out = tmp_path_factory.mktemp("runs")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-    cmd += ["--master-port", str(port), __file__, str(out), str(data)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=out)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    from attn_train import synthetic
+
+    out = tmp_path_factory.mktemp("numbers")
+    synthetic.write_translation_corpus("numbers", out, n_train=160, n_dev=8, seed=0)
     return out
 
 
-def records(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+@pytest.fixture(scope="module")
+def runs(data, corpus, tmp_path_factory) -> Path:
+    """The worker's runs. (The launch is the longest part of the file: 2 interpreters that
+    import torch and the packages, then 12 short trainings, each of which every test reads.)"""
+    out = tmp_path_factory.mktemp("runs")
+    torchrun([__file__, out, data, corpus], cwd=out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def single(data, tmp_path_factory) -> Path:
+    """The same trainings in this one process, on the same global batch."""
+    import finetune_vit as fv
+    import train_clip as tc
+
+    out = tmp_path_factory.mktemp("single")
+    train_mlp(out / "mlp", batch_size=16, accum=1, max_steps=4)
+    vit = without(vit_args(data), "--batch-size")
+    fv.main([*vit, "--batch-size", "16", "--drop-path", "0", "--out", str(out / "vit")])
+    clip = without(clip_args(data), "--batch-size")
+    tc.main([*clip, "--batch-size", "16", "--out", str(out / "clip")])
+    return out
 
 
 def losses(out: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in records(out) if "loss" in r and "event" not in r}
+    return step_losses(out)
 
 
 def evals(out: Path) -> list[dict]:
@@ -161,11 +176,50 @@ def evals(out: Path) -> list[dict]:
 
 
 def assert_weights_close(a: Path, b: Path, atol: float) -> None:
-    wa, wb = load_file(a), load_file(b)
+    wa, wb = weights(a.parent, a.name), weights(b.parent, b.name)
     assert wa.keys() == wb.keys()
     for k in wa:
         assert wa[k].dtype == wb[k].dtype == torch.float32, k
         torch.testing.assert_close(wa[k], wb[k], atol=atol, rtol=0, msg=k)
+
+
+# -- DDP ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "ddp, one, atol",
+    [
+        ("mlp_ddp", "mlp", 1e-5),  # 2 ranks x 4 x accumulation 2 vs 16
+        # AdamW turns float-rounding-sized gradient differences on near-zero gradients into
+        # visible ones (its update is ~lr * sign(g) early on): compare to a small part of lr
+        ("vit_ddp_no_drop_path", "vit", 3e-4),
+        ("clip_ddp", "clip", 3e-4),  # 2 ranks x 8 x accumulation 2 vs 16 x 2, features gathered
+    ],
+)
+def test_two_processes_equal_one_process(runs, single, ddp, one, atol):
+    start = records(runs / ddp)[0]
+    assert (
+        start["world_size"] == 2
+        and start["global_batch"] == records(single / one)[0]["global_batch"]
+    )
+    a, b = losses(single / one), losses(runs / ddp)
+    assert a.keys() == b.keys() and len(a) >= 3
+    for k in a:  # the loss gathered over both ranks is the one-process loss
+        assert b[k] == pytest.approx(a[k], rel=1e-5), k
+    last = "last/model.safetensors"
+    assert_weights_close(single / one / last, runs / ddp / last, atol)
+    state = torch.load(runs / ddp / "last" / "trainer_state.pt", weights_only=True)
+    assert len(state["rng"]) == 2  # both ranks' random state, for an exact resume
+
+
+def test_train_translation_runs_under_torchrun(runs):
+    out = runs / "translation_ddp"
+    assert records(out)[0]["world_size"] == 2 and max(losses(out)) == 4
+    state = torch.load(out / "last" / "trainer_state.pt", weights_only=True)
+    assert len(state["rng"]) == 2 and state["progress"]["step"] == 4
+
+
+# -- FSDP ---------------------------------------------------------------------------------
 
 
 def test_fsdp_equals_ddp(runs):
@@ -195,7 +249,7 @@ def test_fsdp_bf16_mixed_precision_trains_like_ddp_bf16(runs):
         assert b[k] == pytest.approx(a[k], rel=2e-2)
     # the sharded master weights stay fp32, and so do the saved ones; AdamW turns bf16
     # rounding into whole lr-sized steps on a few near-zero gradients: compare the mean
-    wa, wb = load_file(ddp / "last/model.safetensors"), load_file(fsdp / "last/model.safetensors")
+    wa, wb = weights(ddp / "last"), weights(fsdp / "last")
     assert wa.keys() == wb.keys() and {v.dtype for v in [*wa.values(), *wb.values()]} == {
         torch.float32
     }
@@ -209,8 +263,7 @@ def test_stopped_run_resumes_to_the_uninterrupted_weights(runs):
     resumed = [r for r in records(out) if r.get("event") == "resume"]
     assert len(resumed) == 1 and resumed[0]["step"] == 2
     assert losses(out) == losses(runs / "vit_fsdp")  # steps 3, 4 logged by the resumed run
-    straight = load_file(runs / "vit_fsdp/last/model.safetensors")
-    again = load_file(out / "last/model.safetensors")
+    straight, again = weights(runs / "vit_fsdp/last"), weights(out / "last")
     assert all(torch.equal(straight[k], again[k]) for k in straight)
 
 
@@ -224,7 +277,7 @@ def test_the_checkpoint_is_sharded_per_rank(runs):
     import attn_vision
 
     model = attn_vision.create_model(last)  # and still a model folder with whole weights
-    torch.testing.assert_close(model.state_dict(), load_file(last / "model.safetensors"))
+    torch.testing.assert_close(model.state_dict(), weights(last))
 
 
 def test_a_bad_checkpoint_is_one_clear_error(runs):
@@ -237,23 +290,21 @@ def test_a_bad_checkpoint_is_one_clear_error(runs):
     assert "was written without --fsdp" in errors["ddp_checkpoint"]
 
 
-def test_fsdp_without_torchrun_is_one_error_line(tmp_path, capsys):
-    from attn_train import cli, shapes
+def test_fsdp_without_torchrun_is_one_error_line(data, tmp_path, capsys):
+    import finetune_vit as fv
+    from _support.scripts import cli
 
-    shapes.write_dataset(tmp_path / "d", n_train=24, n_val=0, n_heldout=0, image_size=32)
-    fv = script("finetune_vit")
-    args = ["--train-dir", str(tmp_path / "d" / "train"), *VIT, *COMMON, "--fsdp"]
+    args = ["--train-dir", str(data / "train"), *VIT, *COMMON, "--fsdp"]
     for extra, message in [
         ([], "--fsdp shards the model over the processes of torchrun"),
         (["--ema-decay", "0.9"], "--ema-decay is not supported with --fsdp"),
         (["--precision", "fp16"], "--precision fp16 is not supported with --fsdp"),
     ]:
-        with pytest.raises(SystemExit) as e:
-            cli.run_main(lambda extra=extra: fv.main([*args, *extra, "--out", str(tmp_path / "o")]))
-        err = capsys.readouterr().err
-        assert e.value.code == 2 and err.count("\n") == 1 and message in err, err
+        argv = [*args, *extra, "--out", str(tmp_path / "o")]
+        code, lines = cli(lambda argv=argv: fv.main(argv), capsys)
+        assert code == 2 and len(lines) == 1 and message in lines[0], lines
     assert not (tmp_path / "o").exists()
 
 
 if __name__ == "__main__":
-    worker(Path(sys.argv[1]), Path(sys.argv[2]))
+    worker(*map(Path, sys.argv[1:4]))
