@@ -27,7 +27,6 @@ import argparse
 import itertools
 import math
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -228,29 +227,13 @@ def make_jpegs(folder: Path, count: int, size: tuple[int, int], seed: int = 0) -
     return paths
 
 
-def load_retrieval_app():
-    """``apps/retrieval.py`` as a module (its helpers import ``_common`` from apps/)."""
-    import importlib.util
-
-    apps = Path(__file__).resolve().parents[1] / "apps"
-    sys.path.insert(0, str(apps))
-    try:
-        spec = importlib.util.spec_from_file_location(
-            "attn_zoo_retrieval_app", apps / "retrieval.py"
-        )
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(apps))
-    return module
-
-
 def bench_embed(args: argparse.Namespace, report: Report) -> None:
     """``apps/retrieval.py index``'s embedding loop on a folder of real-size JPEGs against the
     model alone on ready input tensors, same batch size; the goal is >= 0.8 of it."""
     import attn_clip
+    from attn_clip.retrieval import IndexModel, embed_images
+    from attn_vision.images import iter_images, load_image_file
 
-    app = load_retrieval_app()
     name, count, size, batch = ("demo-shapes", 16, (320, 240), 8) if args.quick else (
         "ViT-B-32", 1_000, (1024, 768), 32)  # fmt: skip
     count = args.embed_images or count
@@ -258,26 +241,25 @@ def bench_embed(args: argparse.Namespace, report: Report) -> None:
         name, "shapes" if args.quick else None
     )
     model.eval()
-    loaded = app.LoadedModel(model, preprocess, tokenizer, name, None, torch.device("cpu"))
-    opts = argparse.Namespace(workers=4, batch_size=batch)
+    loaded = IndexModel(model, preprocess, tokenizer, name, None, torch.device("cpu"))
     with tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()
         paths = make_jpegs(Path(tmp), count, size)
         print(
             f"  {count} JPEGs {size[0]}x{size[1]} written in {time.perf_counter() - started:.0f} s"
         )
-        x = torch.stack([preprocess(app.load_image_file(p)[0]) for p in paths[:batch]])
+        x = torch.stack([preprocess(load_image_file(p)[0]) for p in paths[:batch]])
 
         def model_only():
             for start in range(0, count, batch):
                 model.encode_image(x[: min(batch, count - start)], normalize=True)
 
         def end_to_end():
-            for _ in app.embed_images(loaded, paths, opts, "embedding", show=False):
+            for _ in embed_images(loaded, paths, batch_size=batch, workers=4, progress=False):
                 pass
 
         def before():  # full-size decode, no read-ahead: the loop before issue 18
-            stream = app.iter_images(paths, workers=4, transform=preprocess)
+            stream = iter_images(paths, workers=4, transform=preprocess)
             while chunk := list(itertools.islice(stream, batch)):
                 model.encode_image(torch.stack([t for _, t, _, _ in chunk]), normalize=True)
 
@@ -287,11 +269,10 @@ def bench_embed(args: argparse.Namespace, report: Report) -> None:
         few = paths[: min(count, 200)]  # decoding alone, one thread: what it costs the CPU
         decode = {
             "draft mode (index)": lambda: [
-                None
-                for _ in app.iter_images(few, 0, transform=preprocess, draft=max(preprocess.size))
+                None for _ in iter_images(few, 0, transform=preprocess, draft=max(preprocess.size))
             ],
             "full decode (before)": lambda: [
-                None for _ in app.iter_images(few, 0, transform=preprocess)
+                None for _ in iter_images(few, 0, transform=preprocess)
             ],
         }
         decode_t = time_interleaved(decode, repeats=2 if args.quick else min(args.repeats, 3))

@@ -2,9 +2,9 @@
 command line (bad input: one line, exit 2; Ctrl-C: exit 130), and the page itself driven in
 headless Chromium (Debian's ``chromium`` + ``chromium-driver``, through Selenium): upload
 docs/assets/red_circle.png and see "red circle" ranked first, search an index built by
-apps/retrieval.py and see the red circles first, bad input shown in the page while the
-server keeps serving. The browser tests skip, saying why, only where Chromium or its driver
-is missing (.ci/run installs both with apt-get).
+apps/retrieval.py (tests/_support/retrieval.py's gallery) and see the red circles first,
+bad input shown in the page while the server keeps serving. The browser tests skip, saying
+why, only where Chromium or its driver is missing (.ci/run installs both with apt-get).
 
 Set WEB_SCREENSHOTS=DIR to also copy the browser tests' screenshots there (docs/assets has
 the ones docs/apps.md shows)."""
@@ -12,7 +12,6 @@ the ones docs/apps.md shows)."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import re
@@ -24,34 +23,22 @@ import subprocess
 import sys
 import time
 import zlib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
+import web
+from _support.retrieval import (
+    ROOT,
+    shapes_gallery,  # noqa: F401  (a fixture)
+    shapes_index,  # noqa: F401  (a fixture)
+)
 from PIL import Image
 
-ROOT = Path(__file__).resolve().parents[2]
 APPS = ROOT / "apps"
 RED_CIRCLE = ROOT / "docs" / "assets" / "red_circle.png"
 LABELS = "blue circle, red circle, red square, green star"  # red circle not first on purpose
-
-# (colour, shape, size, position, seed): three red circles, then one or two of other kinds
-GALLERY = [
-    ("red", "circle", "large", "center", 0),
-    ("red", "circle", "medium", "top left", 1),
-    ("red", "circle", "large", "bottom right", 2),
-    ("blue", "square", "large", "center", 3),
-    ("blue", "square", "medium", "right", 4),
-    ("green", "triangle", "large", "center", 5),
-    ("yellow", "star", "large", "center", 7),
-    ("purple", "cross", "large", "center", 9),
-]
-
-
-def render(colour, shape, size="large", position="center", seed=0) -> Image.Image:
-    from attn_train import shapes
-
-    return shapes.render_shape(colour, shape, size, position, seed=seed, noise=0.0)
 
 
 def png_header(path: Path, width: int, height: int) -> Path:
@@ -72,56 +59,25 @@ def plain(markdown: str) -> str:
     return re.sub(r"\\(.)", r"\1", markdown)
 
 
-def load_script(name: str, module_name: str):
-    """apps/<name>.py as a module, the way `uv run apps/<name>.py` finds its siblings."""
-    if str(APPS) not in sys.path:
-        sys.path.insert(0, str(APPS))
-    spec = importlib.util.spec_from_file_location(module_name, APPS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
-def web():
-    return load_script("web", "web_app")
-
-
-@pytest.fixture(scope="module")
-def loaded(web):
+def loaded():
     return web.load_model("demo-shapes", None, "cpu", "fp32")
 
 
 @pytest.fixture(scope="module")
-def demo(web, loaded):
+def demo(loaded):
     return web.WebDemo(loaded)
 
 
 @pytest.fixture(scope="module")
-def index_path(tmp_path_factory) -> Path:
-    """A small gallery of generated shapes, indexed by `apps/retrieval.py index`."""
-    work = tmp_path_factory.mktemp("web_index")
-    for colour, shape, size, position, seed in GALLERY:
-        path = work / "gallery" / f"{shape}s" / f"{colour}_{shape}_{seed}.png"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        render(colour, shape, size, position, seed).save(path)
-    out = work / "shapes.idx"
-    proc = subprocess.run(
-        [sys.executable, str(APPS / "retrieval.py"), "index", str(work / "gallery")]
-        + ["--out", str(out), "--model", "demo-shapes", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["images"] == len(GALLERY)
-    return out
+def index_path(shapes_index) -> Path:  # noqa: F811
+    """The shared gallery of generated shapes (10 and a broken file), indexed by
+    `apps/retrieval.py index`."""
+    return shapes_index[0]
 
 
 @pytest.fixture(scope="module")
-def search_demo(web, loaded, index_path):
+def search_demo(loaded, index_path):
     idx = web.open_index(index_path)
     idx.problem = web.index_problem(idx, loaded, "fp32")
     assert idx.problem is None
@@ -131,7 +87,7 @@ def search_demo(web, loaded, index_path):
 # -- the functions behind the tabs ---------------------------------------------------------
 
 
-def test_labels_and_templates(web):
+def test_labels_and_templates():
     assert web.parse_labels(" cat, dog\n a red car ,\n\ncat,") == ["cat", "dog", "a red car"]
     for empty in ("", None, " , \n ,"):
         with pytest.raises(web.InputError, match="no labels"):
@@ -147,7 +103,7 @@ def test_labels_and_templates(web):
         web.parse_templates("no label here")
 
 
-def test_classify_ranks_the_right_label_and_explains_it(web, demo):
+def test_classify_ranks_the_right_label_and_explains_it(demo):
     pred = demo.classify(str(RED_CIRCLE), LABELS)
     assert pred.labels[0] == "red circle" and pred.probs[0] > 0.9
     assert sorted(pred.labels) == sorted(web.parse_labels(LABELS))
@@ -164,10 +120,11 @@ def test_classify_ranks_the_right_label_and_explains_it(web, demo):
     assert status.startswith("**red circle** first of 4 label(s)") and "softmax" in status
 
 
-def test_classify_gives_the_numbers_of_the_command_line_app(web, demo, capsys):
+def test_classify_gives_the_numbers_of_the_command_line_app(demo, capsys):
     """The same probabilities as `apps/zero_shot.py --json` for the same image, labels and
     template (both call the same library functions)."""
-    zero_shot = load_script("zero_shot", "zero_shot_app_for_web")
+    import zero_shot
+
     labels = web.parse_labels(LABELS)
     template = "a drawing of a {}."
     argv = ["--model", "demo-shapes", "--image", str(RED_CIRCLE), "--labels", *labels]
@@ -180,7 +137,7 @@ def test_classify_gives_the_numbers_of_the_command_line_app(web, demo, capsys):
         assert abs(ours[label] - cli[label]) < 1e-6, (label, ours[label], cli[label])
 
 
-def test_sigmoid_scores_for_models_with_a_logit_bias(web, demo, monkeypatch):
+def test_sigmoid_scores_for_models_with_a_logit_bias(demo, monkeypatch):
     """SigLIP-style models (a logit_bias) get independent sigmoids, as in the command line."""
     import attn_clip
 
@@ -205,7 +162,7 @@ def test_sigmoid_scores_for_models_with_a_logit_bias(web, demo, monkeypatch):
 @pytest.mark.parametrize(
     "case", ["no_image", "not_an_image", "truncated", "bomb", "no_labels", "bad_template"]
 )
-def test_bad_input_gives_a_message_in_the_page(web, demo, tmp_path, case):
+def test_bad_input_gives_a_message_in_the_page(demo, tmp_path, case):
     image, labels, template, needle = str(RED_CIRCLE), LABELS, "", None
     if case == "no_image":
         image, needle = None, "no image: upload one"
@@ -232,9 +189,7 @@ def test_bad_input_gives_a_message_in_the_page(web, demo, tmp_path, case):
     assert "Traceback" not in status and "\n" not in status
 
 
-def test_a_bug_is_one_line_in_the_page_and_a_traceback_on_the_console(
-    web, demo, monkeypatch, capsys
-):
+def test_a_bug_is_one_line_in_the_page_and_a_traceback_on_the_console(demo, monkeypatch, capsys):
     def boom(*args, **kwargs):
         raise RuntimeError("boom")
 
@@ -245,7 +200,7 @@ def test_a_bug_is_one_line_in_the_page_and_a_traceback_on_the_console(
     assert "Traceback" in capsys.readouterr().err
 
 
-def test_search_by_text_and_by_image(web, search_demo):
+def test_search_by_text_and_by_image(search_demo):
     hits = search_demo.search("a red circle", None, k=5)
     assert [h.rank for h in hits] == [1, 2, 3, 4, 5]
     assert all(h.path.startswith("circles/red_circle_") for h in hits[:3]), hits
@@ -273,7 +228,7 @@ def test_search_by_text_and_by_image(web, search_demo):
         ("", "notes.png", 5, "notes.png: not an image"),
     ],
 )
-def test_search_bad_queries(web, search_demo, tmp_path, text, image, k, needle):
+def test_search_bad_queries(search_demo, tmp_path, text, image, k, needle):
     if image == "notes.png":
         image = tmp_path / "notes.png"
         image.write_text("not an image")
@@ -282,16 +237,17 @@ def test_search_bad_queries(web, search_demo, tmp_path, text, image, k, needle):
     assert needle in plain(status), status
 
 
-def test_search_without_an_index_says_how_to_get_one(web, demo):
+def test_search_without_an_index_says_how_to_get_one(demo):
     items, status = web.search_outputs(demo, "a red circle", None, 5)
     assert items is None and "start the app with --index IDX" in plain(status), status
 
 
-def test_an_index_of_another_model_is_not_searched(web, loaded, index_path):
+def test_an_index_of_another_model_is_not_searched(loaded, index_path):
     """Built with another model (or other weights under the same name): the tab says so
     instead of showing results."""
     idx = web.open_index(index_path)
-    idx.manifest["model"] = {**idx.manifest["model"], "name": "ViT-B-32", "pretrained": "openai"}
+    record = idx.index.record
+    idx.index.manifest.model = replace(record, name="ViT-B-32", pretrained="openai")
     problem = web.index_problem(idx, loaded, "fp32")
     assert problem.startswith(
         "shapes.idx was built with ViT-B-32 (openai), not with the loaded demo-shapes (shapes)"
@@ -301,12 +257,11 @@ def test_an_index_of_another_model_is_not_searched(web, loaded, index_path):
     assert items is None and "built with ViT" in status
 
     same = web.open_index(index_path)
-    probe = same.manifest["model"]["probe"]
-    same.manifest["model"] = {**same.manifest["model"], "probe": [-v for v in probe]}
+    same.index.manifest.model = replace(record, probe=[-v for v in record.probe])
     assert "rebuild the index" in web.index_problem(same, loaded, "fp32")
 
 
-def test_the_index_brings_its_model(web, index_path):
+def test_the_index_brings_its_model(index_path):
     args = argparse.Namespace(
         model=None,
         pretrained=None,
@@ -319,7 +274,7 @@ def test_the_index_brings_its_model(web, index_path):
     assert demo.model_name == "demo-shapes (shapes)" and demo.index.problem is None
 
 
-def test_offline_with_no_model_it_serves_the_bundled_one(web, tmp_path, monkeypatch, capsys):
+def test_offline_with_no_model_it_serves_the_bundled_one(tmp_path, monkeypatch, capsys):
     """No --model and ViT-B-32's weights not to be had (the hub switched offline, as
     HF_HUB_OFFLINE=1 does, with an empty cache): demo-shapes, and one warning saying so."""
     from huggingface_hub import constants
@@ -335,7 +290,7 @@ def test_offline_with_no_model_it_serves_the_bundled_one(web, tmp_path, monkeypa
     assert err[0].startswith("warning: ViT-B-32 (openai) weights not available (offline?)")
 
 
-def test_build_app_queues_every_request_on_one_line(web, search_demo):
+def test_build_app_queues_every_request_on_one_line(search_demo):
     app = web.build_app(search_demo)
     assert app._queue.max_size == web.QUEUE_SIZE
     fns = [fn for fn in app.fns.values() if fn.name in ("on_classify", "on_search")]
@@ -353,7 +308,7 @@ def free_port() -> int:
 
 
 @pytest.mark.parametrize("case", ["port", "index", "model", "port_in_use"])
-def test_command_line_errors_are_one_line_exit_2(web, tmp_path, capsys, case):
+def test_command_line_errors_are_one_line_exit_2(tmp_path, capsys, case):
     with socket.socket() as busy:
         if case == "port":
             argv, needle = ["--port", "70000"], "--port must be between 1 and 65535"
@@ -527,7 +482,7 @@ def ranked_labels(driver) -> list[str]:
     return [r.text for r in rows]
 
 
-def test_browser_zero_shot(server, browser, tmp_path):
+def test_browser_zero_shot(browser, server, tmp_path):  # (no browser: skipped at once)
     from selenium.webdriver.common.by import By
 
     proc, url, _ = server
@@ -581,7 +536,7 @@ def test_browser_zero_shot(server, browser, tmp_path):
     assert status.startswith("red circle first of 4 label(s)"), status
 
 
-def test_browser_search(server, browser, tmp_path):
+def test_browser_search(browser, server, tmp_path):
     from selenium.webdriver.common.by import By
 
     proc, url, _ = server
@@ -597,7 +552,7 @@ def test_browser_search(server, browser, tmp_path):
     )
     tab[0].click()
     wait_for(browser, lambda d: "shapes.idx" in page_text(d), what="the index description")
-    assert f"{len(GALLERY)} images under" in page_text(browser)
+    assert "10 images under" in page_text(browser)
     set_text(browser, "#s-text textarea", "a red circle")
     browser.find_element(By.CSS_SELECTOR, "#s-run").click()
     status = wait_for(browser, lambda d: answered(d, "#s-status"), what="the search answer")

@@ -1,4 +1,6 @@
-"""Retrieval: exact chunked top-k, index save/load and corruption errors, recall@k."""
+"""Retrieval: exact chunked top-k, index save/load and corruption errors, recall@k, the
+approximate index; RetrievalIndex (docs/clip.md's example, run), version-1 manifests, the
+model check."""
 
 from __future__ import annotations
 
@@ -282,3 +284,97 @@ def test_ann_kept_training_hnsw_and_errors():
         small.build_ann("IVF7,Nonsense")
     with pytest.raises(ValueError, match="nprobe"):
         small.search(emb[:1], nprobe=0)
+
+
+# -- the index of a folder: RetrievalIndex and its files ----------------------------------------
+
+
+def docs_snippet() -> str:
+    """The first Python block of docs/clip.md's Retrieval section."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "clip.md").read_text()
+    section = text[text.index("### Retrieval\n") :]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_docs_snippet_runs_and_prints_what_it_says(tmp_path, monkeypatch, capsys):
+    """docs/clip.md's RetrievalIndex example, run as it is: create, update, open, update
+    again (only the new file), search (the yellow square first)."""
+    monkeypatch.chdir(tmp_path)
+    code = docs_snippet()
+    exec(compile(code, "docs/clip.md", "exec"), {"__name__": "docs_snippet"})
+    out = capsys.readouterr().out.splitlines()
+    said = [line.strip("# ") for line in code.splitlines() if line.startswith("# {")]
+    assert out[:2] == said, out
+    assert len(out) == 4 and out[2].endswith(" yellow.png"), out
+
+
+def test_a_version_1_index_still_loads_and_updates_to_version_2(tmp_path):
+    """A version-1 manifest (no generation: the embeddings are INDEX.safetensors / .json)
+    is read; the next update writes version 2 and removes the unversioned files."""
+    from attn_clip.retrieval import IndexModel, Manifest, RetrievalIndex, load_index_set
+    from PIL import Image
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for colour in ("red", "blue"):
+        Image.new("RGB", (32, 32), colour).save(photos / f"{colour}.png")
+    model = IndexModel.load("demo-shapes", "shapes", device="cpu")
+    new = RetrievalIndex.create(tmp_path / "idx", model)
+    new.update(photos, progress=False)
+    manifest_file = tmp_path / "idx.manifest.json"
+    data = json.loads(manifest_file.read_text())
+    for suffix in (".safetensors", ".json"):  # the version-1 layout
+        (tmp_path / f"idx.g1{suffix}").rename(tmp_path / f"idx{suffix}")
+    del data["generation"], data["model"]["precision"]
+    manifest_file.write_text(json.dumps({**data, "version": 1}))
+
+    manifest, embeddings = load_index_set(tmp_path / "idx")
+    assert manifest.version == 1 and manifest.generation is None and len(embeddings) == 2
+    index = RetrievalIndex.open(tmp_path / "idx", model)
+    assert [h.id for h in index.search(photos / "blue.png", k=1)] == ["blue.png"]
+    result = index.update(photos, progress=False)
+    assert result.counts["unchanged"] == 2 and result.manifest.generation == 1
+    assert sorted(p.name for p in tmp_path.glob("idx*")) == [
+        "idx.g1.json", "idx.g1.safetensors", "idx.manifest.json",
+    ]  # fmt: skip
+    assert json.loads(manifest_file.read_text())["version"] == 2
+
+    for broken, needle in [
+        ({**data, "version": 7}, "unsupported manifest version 7"),
+        ({k: v for k, v in data.items() if k != "files"}, "missing or malformed files"),
+        ({**data, "format": "x"}, "is not a manifest"),
+    ]:
+        with pytest.raises(ValueError, match=needle):
+            Manifest.from_json(broken)
+
+
+def test_the_index_refuses_another_model_and_reports_its_errors(tmp_path):
+    from dataclasses import replace
+
+    from attn_clip.retrieval import (
+        IndexModel,
+        IndexNotFoundError,
+        ModelMismatchError,
+        RetrievalError,
+        RetrievalIndex,
+    )
+    from PIL import Image
+
+    with pytest.raises(IndexNotFoundError, match="no index at"):
+        RetrievalIndex.open(tmp_path / "none.idx")
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    model = IndexModel.load("demo-shapes", "shapes", device="cpu")
+    index = RetrievalIndex.create(tmp_path / "idx", model)
+    with pytest.raises(RetrievalError, match="no images under"):
+        index.update(photos, progress=False)
+    Image.new("RGB", (32, 32), "red").save(photos / "red.png")
+    index.update(photos, progress=False)
+    index = RetrievalIndex.open(tmp_path / "idx")
+    with pytest.raises(ModelMismatchError, match="built with demo-shapes"):
+        index.model = replace(model, name="ViT-B-32", pretrained="openai")
+    index.manifest.model = replace(index.record, probe=[-v for v in index.record.probe])
+    with pytest.raises(ModelMismatchError, match="rebuild the index"):
+        index.model = model

@@ -23,7 +23,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
-    "ann": ["choose_ann_factory", "check_ann_factory"],
+    "ann": ["check_ann_factory", "choose_ann_factory", "ivf_lists"],
     "api": ["Hit", "RetrievalIndex"],
     "embed": ["IndexModel", "embed_files", "embed_images"],
     "errors": [
@@ -66,6 +66,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     from .ann import check_factory as check_ann_factory
     from .ann import choose_factory as choose_ann_factory
+    from .ann import ivf_lists
     from .api import Hit, RetrievalIndex
     from .embed import IndexModel, embed_files, embed_images
     from .errors import (

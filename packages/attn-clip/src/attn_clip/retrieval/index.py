@@ -192,12 +192,11 @@ class EmbeddingIndex:
         from 1 until recall@10 against exact search reaches ``target_recall``; searches use
         that value unless told otherwise. ``rerank`` candidates are re-scored exactly.
         """
-        self.ann, self.ann_info = ann.build(
+        return ann.build(
             self, factory, memory_budget=memory_budget, target_recall=target_recall,
             rerank=rerank, train_size=train_size, check_queries=check_queries, seed=seed,
             trained=trained,
         )  # fmt: skip
-        return self.ann_info
 
     # -- files -------------------------------------------------------------------------------
 

@@ -134,7 +134,8 @@ def update_distributed(
     import torch.distributed as dist
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if not dist.is_initialized():  # gloo: only small objects and barriers go through it
+    ours = not dist.is_initialized()  # (a caller's process group is left to the caller)
+    if ours:  # gloo: only small objects and barriers go through it
         dist.init_process_group("gloo", timeout=datetime.timedelta(days=7))
 
     def share(obj):
@@ -212,4 +213,5 @@ def update_distributed(
                 raise RetrievalError(shared_error)
             return result
     finally:
-        dist.destroy_process_group()
+        if ours:
+            dist.destroy_process_group()
