@@ -6,17 +6,12 @@
     uv run apps/retrieval.py search photos.idx --image query.jpg --grid hits.png
     uv run apps/retrieval.py eval --csv captions.csv                    # recall@1/5/10
 
-An index is ``INDEX.manifest.json`` (the model that made it, the folder, and each file's
-size, mtime and SHA-256, which --update compares to find new, changed and removed files)
-and the generation of embeddings it names, ``INDEX.g<N>.safetensors`` + ``INDEX.g<N>.json``
-(an attn_clip ``EmbeddingIndex``: normalized image embeddings, their paths, a SHA-256).
-An update writes a new generation completely, then switches the manifest in one rename,
-then removes the old generation: killed at any point, the index is the old one or the new
-one, and the next ``--update`` completes the work. ``index`` holds ``INDEX.lock`` while it
-writes; a second writer exits with code 2 naming the first one's PID. To copy an index,
-copy ``INDEX.*``. ``search`` and ``eval --index`` use the index's own model; asking for
-another one is an error, and so are weights that no longer give the embeddings the index
-was built with.
+The index is ``attn_clip.retrieval.RetrievalIndex``'s (docs/clip.md): ``INDEX.manifest.json``
+(the model, the folder, each file's size, mtime and SHA-256) and the generation of
+embeddings it names, ``INDEX.g<N>.*``, switched atomically under ``INDEX.lock`` (a second
+writer exits with code 2). To copy an index, copy ``INDEX.*``. ``search`` and ``eval
+--index`` use the index's own model: asking for another one is an error, and so are
+weights that no longer give its embeddings.
 
 Scores are cosine similarities; with a SigLIP / SigLIP2 model a text query's hits also get
 ``p(match)``, SigLIP's sigmoid probability that the text describes the image (JSON: "prob").
@@ -57,21 +52,15 @@ ANN_OPTIONS = {"ann": "--ann on ", "factory": "--ann-factory: ", "memory": "--an
 # -- the index and its model ---------------------------------------------------------------
 
 
-def read_manifest(base: Path) -> Manifest:
-    """The manifest at ``base``; a missing index gets the command that builds one."""
-    try:
-        return Manifest.read(base)
-    except IndexNotFoundError as e:
-        raise InputError(f"{e}; build it with: index DIR --out") from None
-
-
 def open_index(base: Path, args: argparse.Namespace):
     """The index at ``base`` with its recorded model (after --model / --pretrained, when
     given, are checked to name it)."""
     from attn_clip.retrieval import RetrievalIndex
 
-    read_manifest(base)  # (the same message for a missing index)
-    index = RetrievalIndex.open(base)
+    try:
+        index = RetrievalIndex.open(base)
+    except IndexNotFoundError as e:
+        raise InputError(f"{e}; build it with: index DIR --out") from None
     check_requested_model(args, index.record, base)
     index.model = load_recorded(args, index.record)
     return index
@@ -131,7 +120,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         args.device = rank_device() or args.device  # one GPU per process
     index = RetrievalIndex(base)
     if args.update and manifest_path(base).exists():
-        index.manifest = read_manifest(base)
+        index.manifest = Manifest.read(base)
         check_requested_model(args, index.record, base)
         if rank in (None, 0):  # (the other ranks build it from the plan rank 0 sends)
             index.model = load_recorded(args, index.record)
@@ -198,12 +187,10 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from attn_clip.retrieval import embed_files, retrieval_metrics
+    from attn_clip.retrieval import evaluate_captions
     from attn_vision.images import ImageError, read_captions_csv
 
-    groups: dict[Path, list[str]] = {}
-    for path, caption in read_captions_csv(args.csv, sep=args.sep, root=args.root):
-        groups.setdefault(path.resolve(), []).append(caption)
+    pairs = read_captions_csv(args.csv, sep=args.sep, root=args.root)
     known = {}
     if args.index:
         index = open_index(index_base(args.index), args)
@@ -211,22 +198,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
     else:
         model = index_model(load_model(args.model, args.pretrained, args.device,
                                        args.precision), args.precision)  # fmt: skip
-    paths, captions = list(groups), [c for caps in groups.values() for c in caps]
     try:
-        image_emb = embed_files(model, paths, known, batch_size=args.batch_size,
-                                workers=args.workers)  # fmt: skip
+        metrics = evaluate_captions(model, pairs, known, batch_size=args.batch_size,
+                                    workers=args.workers)  # fmt: skip
     except ImageError as e:
         raise InputError(f"cannot evaluate: {e}") from None
-    text_emb = model.embed_texts(captions, args.batch_size)
-    counts = [len(caps) for caps in groups.values()]
-    metrics = retrieval_metrics(image_emb, text_emb, texts_per_image=counts)
     name = describe_model(model.name, model.pretrained)
-    result = {"csv": args.csv, "model": name, "images": len(paths),
-              "captions": len(captions), **metrics}  # fmt: skip
     if args.json:
-        print(json.dumps(result))
+        print(json.dumps({"csv": args.csv, "model": name, **metrics}))
         return 0
-    print(f"{name} on {args.csv}: {len(paths)} images, {len(captions)} captions")
+    print(f"{name} on {args.csv}: {metrics['images']} images, {metrics['captions']} captions")
     print(f"  {'':<14}{'R@1':>8}{'R@5':>8}{'R@10':>8}")
     for label, key in (("image->text", "image_to_text"), ("text->image", "text_to_image")):
         cells = "".join(f"{100 * metrics[f'{key}_R@{k}']:>7.1f}%" for k in (1, 5, 10))

@@ -38,7 +38,7 @@ _EXPORTS = {
     "fingerprint": ["ModelRecord"],
     "index": ["EmbeddingIndex", "SearchResult"],
     "manifest": ["Manifest", "index_base", "manifest_path"],
-    "metrics": ["evaluate_retrieval", "retrieval_metrics"],
+    "metrics": ["evaluate_captions", "evaluate_retrieval", "retrieval_metrics"],
     "sheet": ["contact_sheet"],
     "store": ["index_lock", "load_index_set", "save_index_set"],
     "options": ["AnnOptions"],
@@ -81,7 +81,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     from .fingerprint import ModelRecord
     from .index import EmbeddingIndex, SearchResult
     from .manifest import Manifest, index_base, manifest_path
-    from .metrics import evaluate_retrieval, retrieval_metrics
+    from .metrics import evaluate_captions, evaluate_retrieval, retrieval_metrics
     from .options import AnnOptions
     from .sheet import contact_sheet
     from .store import index_lock, load_index_set, save_index_set

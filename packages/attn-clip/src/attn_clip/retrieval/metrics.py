@@ -6,6 +6,7 @@ Shape legend: ``B`` images, ``T`` captions, ``E`` embedding width.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -14,7 +15,7 @@ import torch.nn.functional as F
 if TYPE_CHECKING:
     from ..model import CLIP
 
-__all__ = ["evaluate_retrieval", "retrieval_metrics"]
+__all__ = ["evaluate_captions", "evaluate_retrieval", "retrieval_metrics"]
 
 
 @torch.no_grad()
@@ -79,3 +80,31 @@ def evaluate_retrieval(
         img.append(model.encode_image(images.to(device), normalize=True))  # (B, E)
         txt.append(model.encode_text(tokens.to(device), normalize=True))  # (B, E)
     return retrieval_metrics(torch.cat(img), torch.cat(txt), ks=ks) if img else {}
+
+
+def evaluate_captions(
+    model,
+    pairs: Iterable[tuple[Path, str]],
+    known: dict[Path, torch.Tensor] | None = None,
+    *,
+    batch_size: int = 32,
+    workers: int = 4,
+    progress: bool = True,
+) -> dict[str, float]:
+    """:func:`retrieval_metrics` of ``(image path, caption)`` pairs (e.g.
+    ``attn_vision.images.read_captions_csv``), the captions grouped by image in first-seen
+    order, embedded by ``model`` (an ``IndexModel``); ``known``: embeddings to reuse (e.g.
+    ``RetrievalIndex.unchanged_embeddings()``). Adds ``images`` and ``captions`` counts; an
+    unreadable image is an ``ImageError``."""
+    from .embed import embed_files
+
+    groups: dict[Path, list[str]] = {}
+    for path, caption in pairs:
+        groups.setdefault(Path(path).resolve(), []).append(caption)
+    paths, captions = list(groups), [c for caps in groups.values() for c in caps]
+    image_emb = embed_files(model, paths, known, batch_size=batch_size, workers=workers,
+                            progress=progress)  # fmt: skip
+    text_emb = model.embed_texts(captions, batch_size)
+    counts = [len(caps) for caps in groups.values()]
+    metrics = retrieval_metrics(image_emb, text_emb, texts_per_image=counts)
+    return {"images": len(paths), "captions": len(captions), **metrics}
