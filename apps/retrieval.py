@@ -246,26 +246,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ix.add_argument("--out", required=True, metavar="INDEX", help="index path (no extension)")
     ix.add_argument("--update", action="store_true", help="embed only new or changed files")
     an = ix.add_argument_group("approximate search (faiss)")
-    an.add_argument(
-        "--ann", choices=("auto", "on", "off"), default="auto",
-        help="build an approximate index: auto = from --ann-threshold images",
-    )  # fmt: skip
-    an.add_argument(
-        "--ann-threshold", type=int, default=ANN_THRESHOLD, metavar="N",
-        help="--ann auto builds one for indexes of at least N images",
-    )  # fmt: skip
-    an.add_argument(
-        "--ann-memory", metavar="SIZE",
-        help="its memory budget, e.g. 256MB (default: 1/8 of the float32 embeddings)",
-    )  # fmt: skip
-    an.add_argument(
-        "--ann-factory", metavar="SPEC",
-        help="a faiss index_factory string instead of the choice by size and budget",
-    )  # fmt: skip
-    ix.add_argument(
-        "--shard-size", type=int, default=1024, metavar="N",
-        help="under torchrun: images per shard file (rounded up to whole batches)",
-    )  # fmt: skip
+    # fmt: off
+    an.add_argument("--ann", choices=("auto", "on", "off"), default="auto",
+                    help="build an approximate index: auto = from --ann-threshold images")
+    an.add_argument("--ann-threshold", type=int, default=ANN_THRESHOLD, metavar="N",
+                    help="--ann auto builds one for indexes of at least N images")
+    an.add_argument("--ann-memory", metavar="SIZE",
+                    help="its memory budget, e.g. 256MB (default: 1/8 of the float32 embeddings)")
+    an.add_argument("--ann-factory", metavar="SPEC",
+                    help="a faiss index_factory string instead of the choice by size and budget")
+    ix.add_argument("--shard-size", type=int, default=1024, metavar="N",
+                    help="under torchrun: images per shard file (rounded up to whole batches)")
+    # fmt: on
     se = sub.add_parser("search", parents=[model], help="find images for a text or an image", **fmt)
     se.add_argument("index", metavar="INDEX", help="the index (its --out path)")
     se.add_argument("--text", action="append", default=[], help="a text query, repeatable")
@@ -274,10 +266,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     se.add_argument("--top-k", type=int, default=10, help="hits per query")
     se.add_argument("--grid", metavar="OUT.png", help="save a contact sheet of the hits")
-    se.add_argument(
-        "--nprobe", type=int, metavar="N",
-        help="approximate index: IVF lists to scan (HNSW: efSearch); default: tuned at build",
-    )  # fmt: skip
+    se.add_argument("--nprobe", type=int, metavar="N", help="approximate index: IVF lists to "
+                    "scan (HNSW: efSearch); default: tuned at build")  # fmt: skip
     se.add_argument(
         "--exact", action="store_true", help="exact search even with an approximate index"
     )
