@@ -1,7 +1,8 @@
 """attn_clip.export as a library: importing it pulls in none of its optional packages, a
 missing one is one ImportError naming the ``export`` extra (before anything is written), the
 extra lists every package the functions need, and ``export_clip`` refuses bad arguments and
-leaves only the files it reports (the full ONNX / OpenVINO / int8 round trips are in
+leaves only the files it reports, and the graphs it exports (ViT, ConvNeXt and ModifiedResNet
+CLIPs) hold no oneDNN-only op (the full ONNX / OpenVINO / int8 round trips are in
 tests/scripts/test_export.py)."""
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import pytest
 import torch
 from attn_clip import CLIPConfig, create_model
 from attn_clip import export as clip_export
+from attn_core import onednn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 ROOT = Path(__file__).resolve().parents[2]
 OPTIONAL = ("onnx", "onnxscript", "onnxruntime", "openvino", "nncf", "tensorrt")
@@ -22,6 +25,73 @@ TINY = {
     "vision_cfg": {"image_size": 32, "patch_size": 16, "width": 32, "layers": 1, "head_width": 16},
     "text_cfg": {"context_length": 16, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1},
 }
+
+
+TEXT = {"layers": 1, "width": 32, "heads": 2, "context_length": 16}
+TOWERS = {  # the three trunks with a fast path of their own, at their smallest
+    "ViT": lambda: create_model(CLIPConfig.from_open_clip(TINY)),
+    "ModifiedResNet (RN50)": lambda: create_model(
+        "RN50", vision={"layers": (1, 1, 1, 1), "width": 16, "head_width": 8, "image_size": 64},
+        text=TEXT, embed_dim=16,
+    ),
+    "ConvNeXt": lambda: create_model(
+        "convnext_base", vision={"convnext": {"depths": (1, 1, 1, 1), "dims": (8, 16, 24, 32)},
+        "image_size": 64}, text=TEXT, embed_dim=16,
+    ),
+}  # fmt: skip
+ONEDNN_ONLY = ("mkldnn", "onednn", "pointwise", "attn_core")  # no ONNX / OpenVINO form
+
+
+class _RecordOps(TorchDispatchMode):
+    """The names of the ATen-level ops a forward runs (eager)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.add(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def _onednn_only(ops) -> list[str]:
+    return sorted(op for op in map(str, ops) if any(word in op for word in ONEDNN_ONLY))
+
+
+def _eager_ops(tower: torch.nn.Module, x: torch.Tensor) -> set[str]:
+    with torch.no_grad(), _RecordOps() as record:
+        tower(x)
+    return record.ops
+
+
+def _exported_ops(tower: torch.nn.Module, x: torch.Tensor) -> set[str]:
+    """The call targets of ``torch.export``'s graph (what ``torch.onnx.export(dynamo=True)``
+    translates), traced without autograd: where the fast path would apply."""
+    with torch.no_grad():
+        graph = torch.export.export(tower, (x,)).graph
+    return {str(n.target) for n in graph.nodes if n.op == "call_function"}
+
+
+@pytest.mark.parametrize("name", list(TOWERS))
+def test_exported_graphs_hold_no_onednn_only_op(name):
+    """export's plain copy switches off every module's fast path (a ConvNeXt's blocks too),
+    so its reference run and its exported graphs are plain PyTorch ops, even with the
+    compiler's oneDNN op registered (as after ``compile_encoders``)."""
+    torch.manual_seed(0)
+    model = TOWERS[name]().eval()
+    images, tokens = clip_export.example_inputs(model, 2)
+    image = clip_export.ImageTower(model)
+    assert _onednn_only(_eager_ops(image, images))  # the fast path runs oneDNN ops
+    plain = clip_export.plain_copy(model)
+    assert not _onednn_only(_eager_ops(clip_export.ImageTower(plain), images))
+    assert not _onednn_only(_eager_ops(clip_export.TextTower(plain), tokens))
+    onednn._register_compile_op()  # the fast path then runs inside traced code too
+    assert not _onednn_only(_exported_ops(clip_export.ImageTower(plain), images))
+    if name == "ViT":  # the check can fail: the fast path's op in an exported graph
+        assert _onednn_only(_exported_ops(image, images)) == ["attn_core.onednn_linear.default"]
+        assert not _onednn_only(_exported_ops(clip_export.TextTower(plain), tokens))
+    with torch.no_grad():  # the copy computes the same embeddings
+        torch.testing.assert_close(image(images), clip_export.ImageTower(plain)(images))
 
 
 @pytest.fixture(scope="module")
