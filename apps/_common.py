@@ -1,32 +1,18 @@
-"""Helpers shared by the CLIP apps (``zero_shot.py``, ``retrieval.py``): one-line errors,
-robust image reading, and building the model a user names on the command line."""
+"""Helpers shared by the CLIP apps (``zero_shot.py``, ``retrieval.py``, ``web.py``): building
+the model a user names on the command line, and table printing. The command-line toolkit
+(``attn_core.cli``) and the image decoder (``attn_vision.images``) are re-exported here."""
 
 from __future__ import annotations
 
-__all__ = [  # the image names are attn_vision.images', InputError attn_core.errors'
-    "IMAGE_EXTENSIONS",
-    "ImageError",
-    "InputError",
-    "check_folder",
-    "find_images",
-    "iter_images",
-    "load_image_file",
-    "open_image",
-    "to_rgb",
-]
-
-import argparse
 import os
-import signal
-import sys
 import unicodedata
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
+from attn_core.cli import HelpFormatter, fail, one_line, run, warn  # before numpy: the hook
 from attn_core.errors import InputError
-from attn_vision.images import (  # the one image decoder (re-exported for the apps)
+from attn_vision.images import (
     IMAGE_EXTENSIONS,
     ImageError,
     check_folder,
@@ -37,61 +23,31 @@ from attn_vision.images import (  # the one image decoder (re-exported for the a
     to_rgb,
 )
 
+__all__ = [  # re-exported for the apps, from attn_core.cli / .errors and attn_vision.images
+    "IMAGE_EXTENSIONS",
+    "HelpFormatter",
+    "ImageError",
+    "InputError",
+    "check_folder",
+    "fail",
+    "find_images",
+    "iter_images",
+    "load_image_file",
+    "open_image",
+    "run",
+    "to_rgb",
+    "warn",
+]
+
 DEFAULT_MODEL, DEFAULT_PRETRAINED = "ViT-B-32", "openai"
 DEMO_MODEL = "demo-shapes"
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """--help keeps the docstring's layout and shows each option's default (those that are
-    not None / False and not already named in the help text)."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        default = action.default
-        if default in (None, False, [], argparse.SUPPRESS) or "default" in text:
-            return text
-        return f"{text} (default: %(default)s)"
-
-
-def fail(message: str) -> int:
-    print(f"error: {' '.join(str(message).split())}", file=sys.stderr)  # always one line
-    return 2
-
-
-def _interrupted_while_loading(signum: int, frame: object) -> None:
-    print("interrupted", file=sys.stderr)
-    raise SystemExit(130)
-
-
-# An app run as a command (not imported by the tests): Ctrl-C while torch is still loading is
-# one line and exit 130 too; run() puts Python's handler back. An ignored SIGINT stays so.
-_main = getattr(sys.modules.get("__main__"), "__file__", None)
-if _main is not None and Path(_main).resolve().parent == Path(__file__).resolve().parent:
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        signal.signal(signal.SIGINT, _interrupted_while_loading)
-
-
-def run(main: Callable[[], int]) -> NoReturn:
-    """``sys.exit(main())``, with Ctrl-C as one line on stderr and exit code 130."""
-    if signal.getsignal(signal.SIGINT) is _interrupted_while_loading:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        code = main()
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        code = 130
-    sys.exit(code)
-
-
-def for_cli(message: str) -> str:
-    """A library message in the words of the command line (``--pretrained PATH``)."""
-    return (
-        str(message)
-        .replace("(pretrained=<path>)", "(--pretrained PATH)")
-        .replace("pretrained=<path>", "--pretrained PATH")
-        .replace("see attn_clip.list_models()", "see --list-models")
-    )
+def for_cli(message: Any) -> str:
+    """A CLIP library message in the words of the CLIP apps (``--pretrained PATH``,
+    ``--list-models``)."""
+    return one_line(message, list_option="--list-models")
 
 
 def display_width(text: str) -> int:
@@ -115,10 +71,6 @@ def list_models_and_exit() -> int:
     for name in attn_clip.list_models():
         print(f"{name}: {', '.join(tags.get(name, [])) or '(no pretrained tags)'}")
     return 0
-
-
-def warn(message: str) -> None:
-    print(f"warning: {' '.join(str(message).split())}", file=sys.stderr)
 
 
 # -- models --------------------------------------------------------------------------------

@@ -10,11 +10,10 @@ forward pass.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 
-import _common  # first: Ctrl-C while torch loads -> one line, exit 130
+import attn_core.cli  # first: Ctrl-C while torch loads -> one line, exit 130
 import torch
 from attn_core import (
     AttentionBackendError,
@@ -146,7 +145,7 @@ def report(res: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = attn_core.cli.make_parser(__doc__)
     parser.add_argument("--seq-len", type=int, default=8, help="tokens per sequence")
     parser.add_argument("--heads", type=int, default=4, help="attention heads")
     parser.add_argument(
@@ -158,7 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
     if args.seq_len < 1 or args.heads < 1:
-        parser.error("--seq-len and --heads must be >= 1")
+        return attn_core.cli.fail(
+            f"--seq-len and --heads must be >= 1, got {args.seq_len}, {args.heads}"
+        )
 
     torch.manual_seed(args.seed)
     shape = (2, args.heads, args.seq_len, HEAD_DIM)
@@ -180,4 +181,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    _common.run(main)
+    attn_core.cli.run(main)

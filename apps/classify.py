@@ -7,10 +7,12 @@ r"""Classify images with an attn_vision model: a fine-tuned folder, or timm's we
 
 ``--model`` is a folder written by ``scripts/finetune_vit.py`` / ``attn_vision.save_pretrained``
 (its class names come with it) or an attn_vision model name (``--pretrained``: timm's
-weights for the tag, or a checkpoint file); each image is preprocessed as the weights
-expect (the model's ``pretrained_cfg``) and its top-k classes printed (``--json``: one
-JSON object per image). Bad input prints one line on stderr and exits with code 2; images
-under --images that cannot be read are skipped and counted; Ctrl-C exits with 130.
+weights for the tag, or a checkpoint file; without ``--pretrained`` a name is refused, its
+weights would be random, unless ``--random-weights`` asks for that). Each image is
+preprocessed as the weights expect (the model's ``pretrained_cfg``) and its top-k classes
+printed (``--json``: one JSON object per image). Bad input prints one line on stderr and
+exits with code 2; images under --images that cannot be read are skipped and counted;
+Ctrl-C exits with 130.
 """
 
 from __future__ import annotations
@@ -20,28 +22,14 @@ import itertools
 import json
 from pathlib import Path
 
-from _common import (
-    HelpFormatter,
-    InputError,
-    display_width,
-    fail,
-    find_images,
-    for_cli,
-    iter_images,
-    open_image,
-    pad,
-    pick_device,
-    run,
-    warn,
-)
+from _common import display_width, pad, pick_device
+from attn_core.cli import fail, make_parser, one_line, run, warn
+from attn_core.errors import InputError
+from attn_vision.images import find_images, iter_images, open_image
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n")[0],
-        formatter_class=HelpFormatter,
-        epilog="examples:\n" + "\n".join(__doc__.split("\n")[2:6]),
-    )
+    p = make_parser(__doc__)
     p.add_argument("--model", required=True, help="a saved model folder or an attn_vision name")
     p.add_argument(
         "--pretrained",
@@ -49,6 +37,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         const=True,
         default=None,
         help="timm's weights for the name's tag (no value), or a checkpoint file",
+    )
+    p.add_argument(
+        "--random-weights",
+        action="store_true",
+        help="allow a model name without --pretrained (random weights: to try the app out)",
     )
     p.add_argument(
         "--image", action="append", default=[], metavar="PATH", help="an image file, repeatable"
@@ -80,9 +73,20 @@ def load(args: argparse.Namespace):
 
     device = pick_device(args.device)
     try:
+        random_init = args.pretrained is None and not Path(args.model).is_dir()
+        if random_init:
+            attn_vision.get_model_config(args.model)  # an unknown name is named first
+        if random_init and not args.random_weights:
+            raise InputError(
+                f"--model {args.model} without --pretrained would classify with random "
+                "weights: pass --pretrained (timm's weights for its tag), --pretrained PATH "
+                "(a checkpoint), a saved model folder, or --random-weights to try it anyway"
+            )
         model = attn_vision.create_model(args.model, pretrained=args.pretrained)
+    except InputError:
+        raise
     except (WeightsError, ValueError, OSError) as e:
-        msg = for_cli(e)
+        msg = one_line(e)
         raise InputError(msg if args.model in msg else f"cannot load {args.model}: {msg}") from None
     if not model.num_classes:
         raise InputError(f"{args.model} has no classifier head (num_classes=0)")

@@ -17,17 +17,15 @@ import sys
 import time
 import warnings
 
-from _common import HelpFormatter, InputError, fail, for_cli, pick_device, run
+from _common import pick_device
+from attn_core.cli import fail, make_parser, one_line, run, warn
+from attn_core.errors import InputError
 
 DEFAULT_MODEL = "Helsinki-NLP/opus-mt-en-zh"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n")[0],
-        formatter_class=HelpFormatter,
-        epilog="examples:\n" + "\n".join(__doc__.split("\n")[2:5]),
-    )
+    p = make_parser(__doc__)
     p.add_argument("texts", nargs="*", help="texts to translate (default: lines of stdin)")
     p.add_argument("--model", default=DEFAULT_MODEL, help="Hub repo id or checkpoint directory")
     p.add_argument("--beams", type=int, default=4, help="beam size (1 = greedy)")
@@ -59,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as e:
         return fail(str(e))
     except (WeightsError, OSError, ValueError, TypeError, RuntimeError) as e:
-        msg = for_cli(e)
+        msg = one_line(e, path_option="--model PATH")  # this app's option for a local folder
         return fail(msg if args.model in msg else f"cannot load {args.model}: {msg}")
     loaded = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
@@ -75,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             return fail(str(e))
     for w in caught:  # e.g. truncation of an over-long source
-        print(f"warning: {w.message}", file=sys.stderr)
+        warn(w.message)
     done = time.perf_counter()
 
     if args.json:
@@ -97,4 +95,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    run(main)
+    run(main, path_option="--model PATH")

@@ -30,26 +30,20 @@ import os
 import sys
 from pathlib import Path
 
-from _common import (  # the helpers shared with apps/retrieval.py
+from _common import (  # the model helpers shared with apps/retrieval.py
     DEFAULT_MODEL,
     DEFAULT_PRETRAINED,
     DEMO_MODEL,
-    IMAGE_EXTENSIONS,
     PRECISIONS,
-    HelpFormatter,
-    InputError,
     LoadedModel,
     display_width,
-    fail,
-    find_images,
-    iter_images,
     list_models_and_exit,
     load_model,
-    open_image,
     pad,
-    run,
-    warn,
 )
+from attn_core.cli import fail, make_parser, run, warn
+from attn_core.errors import InputError
+from attn_vision.images import IMAGE_EXTENSIONS, find_images, iter_images, open_image
 
 DEFAULT_TEMPLATE = "a photo of a {}."
 
@@ -157,11 +151,7 @@ def build_classifier(loaded: LoadedModel, labels: list[str], templates: list, ca
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n")[0],
-        formatter_class=HelpFormatter,
-        epilog="examples:\n" + "\n".join(__doc__.split("\n")[2:7]),
-    )
+    p = make_parser(__doc__)
     src = p.add_argument_group("images")
     src.add_argument(
         "--image", action="append", default=[], metavar="PATH", help="an image file, repeatable"

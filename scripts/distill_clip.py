@@ -28,8 +28,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-import _interrupt  # noqa: F401  (first: Ctrl-C while torch loads -> one line, exit 130)
 import attn_clip
+import attn_core.cli  # noqa: F401  (first: Ctrl-C while torch loads -> one line, exit 130)
 import attn_train as at
 import torch
 from attn_train import CsvImageTextDataset, ImageFolderDataset, cli, distill

@@ -50,7 +50,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import _interrupt  # noqa: F401  (first: Ctrl-C while torch loads -> one line, exit 130)
+from attn_core.cli import HelpFormatter, one_line, run  # first: Ctrl-C while torch loads
 
 # PyTorch's OpenMP threads spin after each call by default and, in one process with
 # OpenVINO's or onnxruntime's threads, take the cores from them (and then wait for them):
@@ -61,7 +61,6 @@ if __name__ == "__main__":
 
 import torch  # noqa: E402
 from attn_clip import export as clip_export  # noqa: E402
-from attn_train.cli import HelpFormatter, one_line, run_main  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -230,4 +229,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    run_main(main)
+    run(main)

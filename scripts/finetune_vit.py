@@ -28,7 +28,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-import _interrupt  # noqa: F401  (first: Ctrl-C while torch loads -> one line, exit 130)
+import attn_core.cli  # noqa: F401  (first: Ctrl-C while torch loads -> one line, exit 130)
 import attn_train as at
 import attn_vision
 import torch

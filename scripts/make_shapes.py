@@ -17,9 +17,8 @@ import argparse
 import json
 from pathlib import Path
 
-import _interrupt  # noqa: F401  (first: Ctrl-C while torch loads -> one line, exit 130)
+from attn_core.cli import make_parser, run  # first: Ctrl-C while torch loads -> exit 130
 from attn_train import shapes
-from attn_train.cli import make_parser, run_main
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,4 +68,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    run_main(main)
+    run(main)

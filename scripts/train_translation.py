@@ -25,7 +25,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-import _interrupt  # noqa: F401  (first: Ctrl-C while torch loads -> one line, exit 130)
+import attn_core.cli  # noqa: F401  (first: Ctrl-C while torch loads -> one line, exit 130)
 import attn_train as at
 import torch
 import torch.nn.functional as F

@@ -3,33 +3,23 @@ images with its own class names and preprocessing; bad input is one line and exi
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
+import classify as app  # apps/classify.py
 import pytest
 import torch
+from _support.apps import error_line
 from PIL import Image
 
-APP = Path(__file__).resolve().parents[2] / "apps" / "classify.py"
 CLASSES = ["circle", "square", "star"]
 
 
-@pytest.fixture
-def app(monkeypatch):
-    monkeypatch.syspath_prepend(str(APP.parent))
-    spec = importlib.util.spec_from_file_location("classify_app", APP)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture
-def saved(tmp_path):
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
     import attn_vision
 
+    tmp_path = tmp_path_factory.mktemp("classify")
     model = attn_vision.create_model(
         "vit_tiny_patch16_224", num_classes=3, img_size=32, depth=2, embed_dim=32, num_heads=2
     )
@@ -42,7 +32,7 @@ def saved(tmp_path):
     return model, folder, images
 
 
-def test_top_k_with_the_saved_class_names(app, saved, capsys):
+def test_top_k_with_the_saved_class_names(saved, capsys):
     import attn_vision
 
     model, folder, images = saved
@@ -63,7 +53,7 @@ def test_top_k_with_the_saved_class_names(app, saved, capsys):
     assert out.startswith(str(images / "red.png")) and "%" in out
 
 
-def test_bad_input_is_one_line_and_2(app, saved, capsys, tmp_path, torchscript_payload):
+def test_bad_input_is_one_line_and_2(saved, capsys, tmp_path, torchscript_payload):
     _, folder, images = saved
     archive, marker = torchscript_payload
     cases = [
@@ -71,10 +61,25 @@ def test_bad_input_is_one_line_and_2(app, saved, capsys, tmp_path, torchscript_p
         (["--model", str(folder), "--image", str(tmp_path / "nope.png")], "image not found"),
         (["--model", "vit_tiny_patchh16_224", "--image", str(images / "red.png")], "unknown"),
         (["--model", str(folder), "--images", str(images / "red.png")], "is a file"),
+        (["--model", "resnet18", "--image", str(images / "red.png")], "random weights"),
+        (["--model", str(folder), "--image", str(tmp_path / "e.png")], "empty file"),
         (["--model", "resnet18", "--pretrained", str(archive), "--images", str(images)], "refus"),
     ]
+    (tmp_path / "e.png").write_bytes(b"")
     for args, needle in cases:
         assert app.main(args) == 2, args
-        err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and err[0].startswith("error: ") and needle in err[0], err
+        assert needle in error_line(capsys), args
     assert not marker.exists()
+
+
+def test_a_model_name_needs_weights_or_random_weights(saved, capsys):
+    """A name without --pretrained would classify with random weights: refused in one line
+    naming the way out; --random-weights runs it (to try the app)."""
+    images = saved[2]
+    argv = ["--model", "vit_tiny_patch16_224", "--image", str(images / "red.png")]
+    assert app.main(argv) == 2
+    line = error_line(capsys)
+    assert "random weights" in line and "--pretrained" in line and "--random-weights" in line
+    assert app.main([*argv, "--random-weights", "--top-k", "1", "--json"]) == 0
+    (row,) = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert len(row["predictions"]) == 1 and row["predictions"][0]["index"] in range(1000)

@@ -6,25 +6,21 @@ and random, saved in open_clip's folder layout. Both apps load the folder, zero-
 scores equal the library's on the same model, and an index built with the folder answers
 text and image queries with the library's cosines.
 
-One run goes through a fresh interpreter as a user would; the others call the apps'
-``main`` in-process (an interpreter start costs seconds)."""
+The apps' ``main`` runs in process (a real zero_shot.py process: tests/apps/test_zero_shot.py);
+each family's folder is built once."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import retrieval  # apps/retrieval.py
 import torch
+import zero_shot  # apps/zero_shot.py
 from PIL import Image, ImageDraw
 
-ROOT = Path(__file__).resolve().parents[2]
-APPS = ROOT / "apps"
 LABELS = ["red circle", "blue square", "green triangle"]
 
 
@@ -74,13 +70,17 @@ def gallery(tmp_path_factory) -> Path:
     return root
 
 
-def load_app(name: str, monkeypatch):
-    monkeypatch.syspath_prepend(str(APPS))  # as when run as a script: finds _common
-    spec = importlib.util.spec_from_file_location(f"{name}_app_families", APPS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """family -> its tiny saved folder, built on first use."""
+    built: dict[str, Path] = {}
+
+    def get(family: str) -> Path:
+        if family not in built:
+            built[family] = tiny_folder(family, tmp_path_factory.mktemp(family))
+        return built[family]
+
+    return get
 
 
 def library_scores(folder: Path, image_path: Path) -> torch.Tensor:
@@ -93,34 +93,16 @@ def library_scores(folder: Path, image_path: Path) -> torch.Tensor:
         return attn_clip.predict(model, preprocess(im)[None], classifier)[0]
 
 
-def test_zero_shot_script_with_a_resnet_folder(gallery, tmp_path):
-    """``apps/zero_shot.py --model FOLDER`` in a fresh interpreter, offline."""
-    folder = tiny_folder("resnet", tmp_path / "rn")
-    image = gallery / "red_circle_0.png"
-    proc = subprocess.run(
-        [sys.executable, str(APPS / "zero_shot.py"), "--model", str(folder), "--image",
-         str(image), "--labels", *LABELS, "--json"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-        env={"HF_HUB_OFFLINE": "1", "PATH": os.environ.get("PATH", "/usr/bin:/bin")},
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    record = json.loads(proc.stdout)
-    got = {p["label"]: p["prob"] for p in record["predictions"]}
-    want = library_scores(folder, image)
-    torch.testing.assert_close(torch.tensor([got[label] for label in LABELS]), want)
-
-
 @pytest.mark.parametrize("family", ["convnext", "resnet", "eva", "vitamin"])
-def test_zero_shot_and_retrieval_apps(family, gallery, tmp_path, capsys, monkeypatch):
+def test_zero_shot_and_retrieval_apps(family, folders, gallery, tmp_path, capsys):
     import attn_clip
 
-    folder = tiny_folder(family, tmp_path / family)
+    folder = folders(family)
     model = attn_clip.create_model(str(folder))
     assert model.config.vision.tower == {"eva": "vit", "vitamin": "vit"}.get(family, family)
     assert (model.config.vision.eva is not None) == (family == "eva")
     assert (model.config.vision.vitamin is not None) == (family == "vitamin")
 
-    zero_shot = load_app("zero_shot", monkeypatch)
     assert zero_shot.main(["--model", str(folder), "--images", str(gallery), "--labels",
                            *LABELS, "--json"]) == 0  # fmt: skip
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
@@ -131,7 +113,6 @@ def test_zero_shot_and_retrieval_apps(family, gallery, tmp_path, capsys, monkeyp
     want = library_scores(folder, image)
     torch.testing.assert_close(torch.tensor([got[label] for label in LABELS]), want)
 
-    retrieval = load_app("retrieval", monkeypatch)
     index = tmp_path / f"{family}.idx"
     assert retrieval.main(["index", str(gallery), "--out", str(index), "--model",
                            str(folder), "--json"]) == 0  # fmt: skip
@@ -149,10 +130,9 @@ def test_zero_shot_and_retrieval_apps(family, gallery, tmp_path, capsys, monkeyp
             assert abs(hit["score"] - float(emb @ query)) < 1e-4, hit
 
 
-def test_explain_needs_a_vit_tower(gallery, tmp_path, capsys, monkeypatch):
+def test_explain_needs_a_vit_tower(folders, gallery, tmp_path, capsys):
     """--explain with a ResNet tower: one line, exit 2, no heatmap written."""
-    folder = tiny_folder("resnet", tmp_path / "rn")
-    zero_shot = load_app("zero_shot", monkeypatch)
+    folder = folders("resnet")
     heat = tmp_path / "heat.png"
     argv = ["--model", str(folder), "--image", str(gallery / "red_circle_0.png")]
     assert zero_shot.main([*argv, "--labels", *LABELS, "--explain", str(heat)]) == 2
@@ -161,10 +141,9 @@ def test_explain_needs_a_vit_tower(gallery, tmp_path, capsys, monkeypatch):
     assert not heat.exists()
 
 
-def test_explain_with_an_eva_tower(gallery, tmp_path, capsys, monkeypatch):
+def test_explain_with_an_eva_tower(folders, gallery, tmp_path, capsys):
     """--explain reads an EVA02 tower's attention (its RoPE blocks included)."""
-    folder = tiny_folder("eva", tmp_path / "eva")
-    zero_shot = load_app("zero_shot", monkeypatch)
+    folder = folders("eva")
     heat = tmp_path / "heat.png"
     argv = ["--model", str(folder), "--image", str(gallery / "red_circle_0.png")]
     assert zero_shot.main([*argv, "--labels", *LABELS, "--explain", str(heat)]) == 0

@@ -1,30 +1,22 @@
 """The TorchScript payload archive (its ``__setstate__`` writes a marker file when
 ``torch.jit.load`` reads it) handed to every app and script that loads weights: each answers
 with one line and exit 2 (or a WeightsError for script functions), and the marker never
-appears. In-process, to save interpreter starts."""
+appears. In-process (apps and scripts import as modules), to save interpreter starts."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
 
+import finetune_vit  # scripts/finetune_vit.py
 import pytest
+import retrieval  # apps/retrieval.py
+import train_clip  # scripts/train_clip.py
+import translate  # apps/translate.py
+import zero_shot  # apps/zero_shot.py
 from attn_core.hub import WeightsError
 from PIL import Image
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def load(monkeypatch, path: Path):
-    monkeypatch.syspath_prepend(str(path.parent))  # as when run as a script
-    spec = importlib.util.spec_from_file_location(f"hostile_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
-    return module
 
 
 def assert_one_line_exit_2(code: int, capsys, marker: Path) -> str:
@@ -44,9 +36,9 @@ def images(tmp_path) -> Path:
     return folder
 
 
-def test_zero_shot_pretrained(torchscript_payload, images, capsys, monkeypatch):
+def test_zero_shot_pretrained(torchscript_payload, images, capsys):
     archive, marker = torchscript_payload
-    app = load(monkeypatch, ROOT / "apps" / "zero_shot.py")
+    app = zero_shot
     image = str(images / "0.png")
     for args in (
         ["--model", "demo-shapes", "--pretrained", str(archive)],
@@ -56,9 +48,9 @@ def test_zero_shot_pretrained(torchscript_payload, images, capsys, monkeypatch):
         assert_one_line_exit_2(code, capsys, marker)
 
 
-def test_retrieval_index_search_eval(torchscript_payload, images, tmp_path, capsys, monkeypatch):
+def test_retrieval_index_search_eval(torchscript_payload, images, tmp_path, capsys):
     archive, marker = torchscript_payload
-    app = load(monkeypatch, ROOT / "apps" / "retrieval.py")
+    app = retrieval
     out = tmp_path / "idx"
     code = app.main(["index", str(images), "--out", str(out), "--pretrained", str(archive)])
     assert_one_line_exit_2(code, capsys, marker)
@@ -80,7 +72,7 @@ def test_retrieval_index_search_eval(torchscript_payload, images, tmp_path, caps
         assert_one_line_exit_2(app.main(args), capsys, marker)
 
 
-def test_translate_model_folder(torchscript_payload, tmp_path, capsys, monkeypatch):
+def test_translate_model_folder(torchscript_payload, tmp_path, capsys):
     archive, marker = torchscript_payload
     from attn_nlp import create_model, save_pretrained
 
@@ -88,13 +80,11 @@ def test_translate_model_folder(torchscript_payload, tmp_path, capsys, monkeypat
     save_pretrained(create_model("transformer-tiny", src_vocab_size=50), folder)
     (folder / "model.safetensors").unlink()
     shutil.copyfile(archive, folder / "pytorch_model.bin")
-    app = load(monkeypatch, ROOT / "apps" / "translate.py")
-    assert_one_line_exit_2(app.main(["--model", str(folder), "hello"]), capsys, marker)
+    assert_one_line_exit_2(translate.main(["--model", str(folder), "hello"]), capsys, marker)
 
 
-def test_train_clip_pretrained(torchscript_payload, load_script_module):
+def test_train_clip_pretrained(torchscript_payload):
     archive, marker = torchscript_payload
-    train_clip = load_script_module("train_clip")
     args = train_clip.build_parser().parse_args(
         [
             "--model",
@@ -112,14 +102,8 @@ def test_train_clip_pretrained(torchscript_payload, load_script_module):
     assert not marker.exists()
 
 
-@pytest.fixture
-def load_script_module(monkeypatch):
-    return lambda name: load(monkeypatch, ROOT / "scripts" / f"{name}.py")
-
-
-def test_finetune_vit_pretrained(torchscript_payload, load_script_module):
+def test_finetune_vit_pretrained(torchscript_payload):
     archive, marker = torchscript_payload
-    finetune_vit = load_script_module("finetune_vit")
     args = finetune_vit.build_parser().parse_args(
         ["--model", "vit_tiny_patch16_224", "--pretrained", str(archive)]
         + ["--train-dir", "unused", "--out", "unused"]

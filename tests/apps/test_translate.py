@@ -2,39 +2,21 @@
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-APP = ROOT / "apps" / "translate.py"
-
-
-def load_app():
-    spec = importlib.util.spec_from_file_location("translate_app", APP)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+import translate as app  # apps/translate.py
+from _support.apps import error_line, run_app
+from nlp.marian_helpers import marian_checkpoint
 
 
 @pytest.fixture(scope="module")
 def marian_dir(tmp_path_factory) -> Path:
     """A tiny random opus-mt style checkpoint with a real Marian tokenizer."""
-    path = ROOT / "tests" / "nlp" / "marian_helpers.py"
-    spec = importlib.util.spec_from_file_location("attn_nlp_test_marian_helpers", path)
-    helpers = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(helpers)
-    return helpers.marian_checkpoint(tmp_path_factory.mktemp("marian"))
-
-
-@pytest.fixture(scope="module")
-def app():
-    return load_app()
+    return marian_checkpoint(tmp_path_factory.mktemp("marian"))
 
 
 @pytest.fixture(scope="module")
@@ -50,20 +32,12 @@ def checkpoint(tmp_path_factory) -> Path:
     return directory
 
 
-def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(APP), *args],
-        cwd=ROOT,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
-    )
-
-
 def test_stdin_and_json_as_a_script(checkpoint):
-    proc = run("--model", str(checkpoint), "--beams", "2", "--json", stdin="one two\nfive six\n")
+    """The one real process: stdin, --json, exit 0 (bad input and Ctrl-C in a real process:
+    tests/test_interrupt_while_loading.py; in process: below)."""
+    proc = run_app(
+        "translate", "--model", checkpoint, "--beams", "2", "--json", stdin="one two\nfive six\n"
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert result["beams"] == 2
@@ -71,14 +45,7 @@ def test_stdin_and_json_as_a_script(checkpoint):
     assert all(isinstance(t["translation"], str) for t in result["translations"])
 
 
-def test_unknown_model_exits_2_with_one_line(tmp_path):
-    proc = run("--model", "transformer-huge", "hello")
-    assert proc.returncode == 2
-    assert proc.stderr.startswith("error: unknown model") and "Traceback" not in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1
-
-
-def test_text_argument_in_process(app, checkpoint, capsys):
+def test_text_argument_in_process(checkpoint, capsys):
     from attn_nlp import Translator
 
     assert app.main(["--model", str(checkpoint), "--beams", "1", "one two three"]) == 0
@@ -86,7 +53,7 @@ def test_text_argument_in_process(app, checkpoint, capsys):
     assert capsys.readouterr().out == expected + "\n"
 
 
-def test_marian_checkpoint_in_process(app, marian_dir, capsys):
+def test_marian_checkpoint_in_process(marian_dir, capsys):
     from attn_nlp import Translator
 
     texts = ["i love deep learning", "the dog reads"]
@@ -108,20 +75,34 @@ def test_marian_checkpoint_in_process(app, marian_dir, capsys):
             "could not get config.json from the Hugging Face hub repo 'no/such-model-offline'",
         ),
         (["--model", "CHECKPOINT_FILE", "one"], "", "unknown model"),
+        (["--model", "transformer-huge", "hello"], "", "error: unknown model"),
     ],
 )
-def test_bad_input_exits_2(app, checkpoint, capsys, monkeypatch, argv, stdin, message):
+def test_bad_input_exits_2(checkpoint, capsys, monkeypatch, argv, stdin, message):
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
     argv = [str(checkpoint / "config.json") if a == "CHECKPOINT_FILE" else a for a in argv]
     assert app.main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and message in err
+    line = error_line(capsys)
+    assert message in line
+    assert "--pretrained" not in line  # advice names this app's own option (--model PATH)
 
 
-def test_over_long_input_is_truncated_with_a_warning(app, checkpoint, capsys):
+def test_offline_advice_names_the_model_option(capsys, monkeypatch, tmp_path):
+    """Weights not available offline: the advice to pass a local folder says --model PATH,
+    this app's option (the library's words are pretrained=<path>)."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    assert app.main(["--model", "Helsinki-NLP/opus-mt-en-zh", "hello"]) == 2
+    line = error_line(capsys)
+    assert "--model PATH" in line and "pretrained" not in line, line
+
+
+def test_over_long_input_is_truncated_with_a_warning(checkpoint, capsys):
     long = " ".join(["seven"] * 100)
     assert (
         app.main(["--model", str(checkpoint), "--beams", "1", "--max-new-tokens", "3", long]) == 0

@@ -2,27 +2,20 @@
 --json / --explain, every kind of bad input (exit code 2, one line), and open_clip parity
 for a checkpoint passed by --pretrained PATH.
 
-Every subprocess start imports torch and attn_clip (seconds), so each model run checks
-several things; bad-input runs that fail before the model is loaded are cheap."""
+One run is a real process (an interpreter start costs seconds); the rest call ``main(argv)``
+in process."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import struct
-import subprocess
-import sys
-import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import zero_shot as app  # apps/zero_shot.py
+from _support.apps import error_line, png_header, run_app
 from PIL import Image
-
-ROOT = Path(__file__).resolve().parents[2]
-APP = ROOT / "apps" / "zero_shot.py"
 
 # Colour-shape pairs the demo model saw in training, drawn large and centred without noise.
 CLEAR = [
@@ -40,43 +33,10 @@ TINY_OC_CFG = {
 }
 
 
-def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(APP), *map(str, args)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={"HF_HUB_OFFLINE": "1", "PATH": os.environ.get("PATH", "/usr/bin:/bin"), **(env or {})},
-    )
-
-
-def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
-    assert proc.returncode == 2, (proc.returncode, proc.stderr)
-    assert "Traceback" not in proc.stderr, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-
-
 def render(colour: str, shape: str, seed: int = 0) -> Image.Image:
     from attn_train import shapes
 
     return shapes.render_shape(colour, shape, "large", "center", seed=seed, noise=0.0)
-
-
-def png_header(path: Path, width: int, height: int) -> Path:
-    """A tiny PNG whose header claims ``width x height`` pixels (a decompression bomb)."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        crc = zlib.crc32(kind + data) & 0xFFFFFFFF
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
-    data = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0"))
-    path.write_bytes(data + chunk(b"IEND", b""))
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -112,10 +72,13 @@ def shapes_dir(tmp_path_factory) -> Path:
 
 
 def test_demo_shapes_folder_json_explain(shapes_dir, tmp_path):
-    """One run: recursion, every image mode converted, the broken file skipped and counted,
-    the right colour + shape on top for clear images, JSON lines, explain PNGs."""
+    """The one real process (exit 0; bad input and Ctrl-C in a real process:
+    tests/test_interrupt_while_loading.py): recursion, every image mode converted, the broken
+    file skipped and counted, the right colour + shape on top for clear images, JSON lines,
+    explain PNGs."""
     out = tmp_path / "heat"
-    proc = run(
+    proc = run_app(
+        "zero_shot",
         "--model", "demo-shapes", "--images", shapes_dir,
         "--labels-file", shapes_dir / "classnames.txt",
         "--json", "--top-k", "3", "--explain", out,
@@ -172,7 +135,7 @@ def oc_checkpoint(tmp_path_factory):
     return folder, ref.eval(), preprocess, open_clip.get_tokenizer(f"local-dir:{folder}")
 
 
-def test_pretrained_path_matches_open_clip(oc_checkpoint, shapes_dir, tmp_path):
+def test_pretrained_path_matches_open_clip(oc_checkpoint, shapes_dir, tmp_path, capsys):
     import open_clip
     from open_clip.zero_shot_classifier import build_zero_shot_classifier
     from skimage import data
@@ -184,13 +147,13 @@ def test_pretrained_path_matches_open_clip(oc_checkpoint, shapes_dir, tmp_path):
     labels = ["cat", "dog", "a red car", "orange square"]
     templates = ["a photo of a {}.", "a drawing of a {}"]
 
-    proc = run(
+    argv = [
         "--pretrained", folder, *[a for p in images for a in ("--image", p)],
         "--labels", *labels, *[a for t in templates for a in ("--template", t)],
         "--top-k", "10", "--json",
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    ours = [json.loads(line) for line in proc.stdout.splitlines()]
+    ]  # fmt: skip
+    assert app.main([str(a) for a in argv]) == 0
+    ours = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
 
     with torch.no_grad():
         classifier = build_zero_shot_classifier(ref, tokenizer, labels, templates, device="cpu")
@@ -220,9 +183,10 @@ def test_pretrained_path_matches_open_clip(oc_checkpoint, shapes_dir, tmp_path):
         "bad_template",
         "no_images",
         "empty_folder",
+        "empty_file",
     ],
 )
-def test_bad_input_exits_2_before_loading_a_model(case, shapes_dir, tmp_path):
+def test_bad_input_exits_2_before_loading_a_model(case, shapes_dir, tmp_path, capsys):
     good = shapes_dir / "rgb" / "red_circle.png"
     labels = ["--labels", "cat", "dog"]
     if case == "missing":
@@ -251,19 +215,14 @@ def test_bad_input_exits_2_before_loading_a_model(case, shapes_dir, tmp_path):
         args, needle = ["--image", good, *labels, "--template", "a photo"], "--template"
     elif case == "no_images":
         args, needle = labels, "no images"
+    elif case == "empty_file":
+        (tmp_path / "zero.jpg").write_bytes(b"")
+        args, needle = ["--image", tmp_path / "zero.jpg", *labels], "empty file (0 bytes)"
     else:
         (tmp_path / "empty").mkdir()
         args, needle = ["--images", tmp_path / "empty", *labels], "no images"
-    assert_one_line_error(run(*args), needle)
-
-
-def load_app(monkeypatch):
-    monkeypatch.syspath_prepend(str(APP.parent))  # as when run as a script: finds _common
-    spec = importlib.util.spec_from_file_location("zero_shot_app", APP)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
-    return module
+    assert app.main([str(a) for a in args]) == 2
+    assert needle in error_line(capsys)
 
 
 def test_weights_not_available_offline(shapes_dir, tmp_path, capsys, monkeypatch):
@@ -275,7 +234,7 @@ def test_weights_not_available_offline(shapes_dir, tmp_path, capsys, monkeypatch
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     image = str(shapes_dir / "rgb" / "red_circle.png")
-    assert load_app(monkeypatch).main(["--image", image, "--labels", "cat", "dog"]) == 2
+    assert app.main(["--image", image, "--labels", "cat", "dog"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: weights not available"), err
     for needle in (
@@ -288,12 +247,9 @@ def test_weights_not_available_offline(shapes_dir, tmp_path, capsys, monkeypatch
         assert needle in err[0], (needle, err[0])
 
 
-def test_table_output_and_single_explain_in_process(
-    oc_checkpoint, shapes_dir, tmp_path, capsys, monkeypatch
-):
+def test_table_output_and_single_explain_in_process(oc_checkpoint, shapes_dir, tmp_path, capsys):
     """Calling main() directly (no new interpreter): the readable table, --explain to a
     file, and the bad inputs that are only found once attn_clip is imported."""
-    app = load_app(monkeypatch)
     image = shapes_dir / "wide.png"
     heat = tmp_path / "heat.png"
     argv = ["--pretrained", str(oc_checkpoint[0]), "--image", str(image), "--explain", str(heat)]
@@ -358,7 +314,6 @@ def test_imagenet_head_is_built_once_and_cached(
 ):
     """--imagenet: 1,000 classes (one template here to keep it fast; the default is
     OpenAI's 80), cached under $XDG_CACHE_HOME and reused."""
-    app = load_app(monkeypatch)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     argv = ["--pretrained", str(oc_checkpoint[0]), "--image", str(shapes_dir / "wide.png")]
     argv += ["--imagenet", "--template", "a photo of a {}.", "--top-k", "3", "--json"]
@@ -374,10 +329,9 @@ def test_imagenet_head_is_built_once_and_cached(
     assert len(app.read_templates(app.parse_args(["--imagenet"]))) == 80
 
 
-def test_extreme_images_are_refused_before_decoding(monkeypatch, capsys, tmp_path):
+def test_extreme_images_are_refused_before_decoding(capsys, tmp_path):
     """A 69-byte 1 x 89,000,000 PNG passes the decompression-bomb guard: its side and a
     5000 x 10 image's aspect ratio are refused from the header; in a folder, skipped."""
-    app = load_app(monkeypatch)
     tall = png_header(tmp_path / "tall.png", 1, 89_000_000)
     assert tall.stat().st_size < 100
     wide = png_header(tmp_path / "wide.png", 5000, 10)
@@ -423,7 +377,7 @@ def siglip_folder(folder: Path) -> Path:
     return folder
 
 
-def test_siglip_folder_gives_sigmoid_probabilities(shapes_dir, tmp_path, capsys, monkeypatch):
+def test_siglip_folder_gives_sigmoid_probabilities(shapes_dir, tmp_path, capsys):
     """A SigLIP folder (its own tokenizer inside) runs offline; each label gets its own
     sigmoid probability (they need not sum to 1), as attn_clip.predict computes it."""
     pytest.importorskip("sentencepiece")
@@ -431,7 +385,6 @@ def test_siglip_folder_gives_sigmoid_probabilities(shapes_dir, tmp_path, capsys,
     import attn_clip
 
     folder = siglip_folder(tmp_path / "siglip")
-    app = load_app(monkeypatch)
     image = shapes_dir / "rgb" / "red_circle.png"
     labels = ["red circle", "blue square", "green triangle"]
     argv = ["--model", str(folder), "--image", str(image), "--labels", *labels]

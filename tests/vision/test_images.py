@@ -38,7 +38,7 @@ def _palette_with_transparency() -> Image.Image:
 
 def _sixteen_bit() -> Image.Image:
     a = np.linspace(0, 65535, 24, dtype=np.uint16).reshape(6, 4)
-    return Image.fromarray(a, "I;16")
+    return Image.fromarray(a)  # uint16: mode I;16
 
 
 def _exif_rotated() -> Image.Image:

@@ -1,5 +1,7 @@
-"""What every recipe's command line shares: the help layout, the run flags, input checks,
-``--set KEY=VALUE`` overrides, and the exits.
+"""What every recipe's command line shares: the run flags, input checks, ``--set KEY=VALUE``
+overrides, and the exits. The help layout, one-line messages, exit handling and Ctrl-C are
+the toolkit's (:mod:`attn_core.cli`, re-exported here: ``HelpFormatter``, ``make_parser``,
+``add_subcommand``, ``one_line``).
 
 Exit codes of :func:`run_main`: 0 done, 1 a NaN / inf loss stopped the run, 2 bad input
 (one ``error:`` line on stderr, nothing written), 130 Ctrl-C (one line saying where the
@@ -11,17 +13,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import signal
-import sys
-import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NoReturn
 
+from attn_core.cli import HelpFormatter, add_subcommand, make_parser, one_line, run
+
 from .amp import PRECISIONS
+from .errors import NonFiniteLossError
 
 __all__ = [
+    "EXIT_CODES",
     "HelpFormatter",
     "add_augment_args",
     "add_image_loader_args",
@@ -42,54 +44,6 @@ __all__ = [
     "require_positive",
     "run_main",
 ]
-
-
-# -- --help --------------------------------------------------------------------------------
-
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """--help keeps the description's layout and shows each option's default (those that
-    are not None / False / empty and not already named in the help text)."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        default = action.default
-        empty = default is None or default is False or default is argparse.SUPPRESS
-        if empty or default in ([], ()) or "default" in text:
-            return text
-        return f"{text} (default: %(default)s)"
-
-
-def _examples(doc: str) -> str:
-    """The first indented block of a module docstring (its usage examples)."""
-    lines, block = doc.splitlines(), []
-    for line in lines[1:]:
-        if line.startswith("    "):
-            block.append(line)
-        elif block and line.strip():
-            break
-    return "\n".join(block).rstrip()
-
-
-def make_parser(doc: str, **kwargs: Any) -> argparse.ArgumentParser:
-    """A recipe's parser: :class:`HelpFormatter`, the docstring's first line as the
-    description and its example block as the epilog."""
-    examples = _examples(doc)
-    return argparse.ArgumentParser(
-        description=doc.strip().splitlines()[0],
-        epilog=f"examples:\n{examples}" if examples else None,
-        formatter_class=HelpFormatter,
-        **kwargs,
-    )
-
-
-def add_subcommand(
-    sub: Any, name: str, help: str, description: str | None = None
-) -> argparse.ArgumentParser:
-    """``sub.add_parser`` with :class:`HelpFormatter` and a description (default: ``help``)."""
-    return sub.add_parser(
-        name, help=help, description=description or help, formatter_class=HelpFormatter
-    )
 
 
 # -- the shared flags ----------------------------------------------------------------------
@@ -322,51 +276,11 @@ def apply_overrides(config: dict[str, Any], items: list[str]) -> dict[str, Any]:
 
 # -- exits ---------------------------------------------------------------------------------
 
-
-def one_line(message: Any) -> str:
-    """A message on one line, in the words of the command line (``--pretrained PATH``)."""
-    text = " ".join(str(message).split()) or type(message).__name__
-    text = text.replace("pretrained=<path>", "--pretrained PATH")
-    return re.sub(r"\bpretrained=(['\"])(.*?)\1", r"--pretrained \2", text)
-
-
-def _show_warning(
-    message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None
-) -> None:
-    from tqdm import tqdm
-
-    tqdm.write(f"warning: {one_line(message)}", file=sys.stderr)  # keeps the bar intact
-
-
-def _is_main_rank() -> bool:
-    return os.environ.get("RANK", "0") == "0"
+EXIT_CODES = {NonFiniteLossError: 1}  # what the recipes add to attn_core.cli.run's codes
 
 
 def run_main(main: Callable[[], Any]) -> NoReturn:
-    """Run a recipe's ``main()`` as a command and exit: 0 (or ``main()``'s int), 1 with one
-    ``error:`` line for a NaN / inf loss, 2 for bad input (``ValueError``, ``OSError``,
-    weights errors), 130 with one ``interrupted`` line for Ctrl-C; under ``torchrun`` the line
-    is printed by rank 0 only. Warnings print as one ``warning:`` line each."""
-    from attn_core.hub import WeightsError
-
-    from .loop import NonFiniteLossError
-
-    handler = signal.getsignal(signal.SIGINT)  # scripts/_interrupt.py's, while torch loaded
-    if getattr(handler, "__name__", "") == "_interrupted_while_loading":
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C: KeyboardInterrupt
-    show, warnings.showwarning = warnings.showwarning, _show_warning
-    message = ""
-    try:
-        result = main()
-        code = result if isinstance(result, int) else 0
-    except NonFiniteLossError as e:
-        message, code = f"error: {one_line(e)}", 1
-    except (ValueError, OSError, WeightsError) as e:
-        message, code = f"error: {one_line(e)}", 2
-    except KeyboardInterrupt as e:  # attn_train.TrainingInterrupted says where to resume
-        message, code = "interrupted" + (f": {one_line(e)}" if str(e) else ""), 130
-    finally:
-        warnings.showwarning = show
-    if message and _is_main_rank():  # under torchrun every rank has the same error: say it once
-        print(message, file=sys.stderr)
-    raise SystemExit(code)
+    """A recipe's :func:`attn_core.cli.run`: exit 1 with one ``error:`` line for a NaN / inf
+    loss, 2 for bad input, 130 with one ``interrupted`` line (naming the checkpoint to resume
+    from) for Ctrl-C; under ``torchrun`` rank 0 says it."""
+    run(main, exit_codes=EXIT_CODES)

@@ -70,6 +70,7 @@ from .distributed import (
     setup_distributed,
     wrap_ddp,
 )
+from .errors import NonFiniteLossError, TrainingInterrupted
 from .log import RunLogger
 
 __all__ = [
@@ -160,16 +161,8 @@ def start_run(args: Any) -> Run:
 # -- NaN / inf -----------------------------------------------------------------------------
 
 
-class NonFiniteLossError(RuntimeError):
-    """The loss became NaN / inf; the run stopped without saving anything."""
-
-
 class SkippedImagesWarning(UserWarning):
     """More than ``LoopConfig.warn_skipped_fraction`` of a pass's items were unreadable."""
-
-
-class TrainingInterrupted(KeyboardInterrupt):
-    """Ctrl-C during :func:`fit`; the message names the last checkpoint to resume from."""
 
 
 def check_finite(
