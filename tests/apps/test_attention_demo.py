@@ -1,31 +1,19 @@
-"""Smoke test: apps/attention_demo.py runs as a script, in text and JSON modes."""
+"""apps/attention_demo.py: once as a script (text mode), and in process (JSON mode, bad
+input)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
+import attention_demo  # apps/attention_demo.py
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "apps" / "attention_demo.py"
-
-
-def run_demo(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(DEMO), *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+from _support.apps import error_line, run_app
 
 
 @pytest.fixture(scope="module")
 def text_run() -> subprocess.CompletedProcess[str]:
-    return run_demo("--seq-len", "6", "--heads", "2")
+    return run_app("attention_demo", "--seq-len", "6", "--heads", "2")
 
 
 def test_demo_exits_zero(text_run):
@@ -44,13 +32,18 @@ def test_demo_mentions_backends(text_run):
     assert "KV-cache decoding" in out
 
 
-def test_demo_json_parses():
-    proc = run_demo("--json", "--seq-len", "5", "--heads", "3", "--backends", "math,sdpa")
-    assert proc.returncode == 0, proc.stderr
-    res = json.loads(proc.stdout)
+def test_demo_json_parses(capsys):
+    argv = ["--json", "--seq-len", "5", "--heads", "3", "--backends", "math,sdpa"]
+    assert attention_demo.main(argv) == 0
+    res = json.loads(capsys.readouterr().out)
     ran = {r["backend"]: r for r in res["backends"]["results"]}
     assert set(ran) == {"math", "sdpa"}
     assert all(r["ran"] == name and r["max_abs_diff"] < 1e-4 for name, r in ran.items())
     assert res["backends"]["auto"] in res["backends"]["available"]
     assert res["kv_cache"]["max_abs_diff"] < 1e-4
     assert all(abs(sum(row) - 1) < 0.05 for row in res["masks"]["weights"])
+
+
+def test_bad_sizes_are_one_line_and_2(capsys):
+    assert attention_demo.main(["--seq-len", "0"]) == 2
+    assert "--seq-len and --heads must be >= 1" in error_line(capsys)
