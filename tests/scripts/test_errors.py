@@ -1,8 +1,8 @@
 """Every script answers like the apps: bad input -> one ``error:`` line, exit code 2 and
 nothing written; Ctrl-C -> one ``interrupted`` line and 130 (training: where the last
 checkpoint is, and the same command resumes from it); --help describes every option with
-its default; the progress bar is as long as the run. In-process, through ``run_main`` and
-each script's ``main`` (one subprocess run checks the real entry point)."""
+its default; the progress bar is as long as the run. In process, through ``run_main`` and
+each script's ``main`` and ``__main__`` block; one subprocess checks the real entry point."""
 
 from __future__ import annotations
 
@@ -10,23 +10,20 @@ import argparse
 import io
 import itertools
 import json
-import os
-import subprocess
+import runpy
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 import tqdm
+from _support.scripts import SCRIPTS, assert_bad_input, cli, run_script
+from _support.train import CLIP_TINY
 from attn_train import loop
-from attn_train.cli import HelpFormatter, run_main
+from attn_train.cli import HelpFormatter
 
-ROOT = Path(__file__).resolve().parents[2]
 TRAINING = ["train_clip", "finetune_vit", "train_translation", "train_text_classifier"]
 TRAINING += ["train_char_lm"]
-CLIP_TINY = "--set embed_dim=32 vision.image_size=32 vision.width=32 vision.layers=1"
-CLIP_TINY += " text.width=16 text.layers=1 text.context_length=16 --warmup 1"
 VIT_TINY = "--img-size 32 --patch-size 8 --set depth=1 embed_dim=32 num_heads=2 --warmup 1"
 NLP_TINY = "--set embed_dim=32 mlp_dim=64 num_heads=4 encoder_depth=1 decoder_depth=1"
 CLS_TINY = "--embed-dim 16 --depth 1 --heads 2 --vocab-size 200 --max-len 16"
@@ -71,7 +68,8 @@ def recipe(name: str, data: Path, steps: int) -> list[str]:
     """A valid, tiny command line of training script ``name`` (without ``--out``)."""
     d = {k: str(data / v) for k, v in DATA.items()}
     return {
-        "train_clip": ["--train-data", d["csv"], *CLIP_TINY.split(), "--max-steps", str(steps)],
+        "train_clip": ["--train-data", d["csv"], "--set", *CLIP_TINY, "--warmup", "1"]
+        + ["--max-steps", str(steps)],
         "finetune_vit": ["--train-dir", d["folder"], *VIT_TINY.split(), "--max-steps", str(steps)],
         "train_translation": ["train", "--train", d["tsv"], *NLP_TINY.split()]
         + ["--max-steps", str(steps)],
@@ -79,22 +77,6 @@ def recipe(name: str, data: Path, steps: int) -> list[str]:
         + ["--max-steps", str(steps)],
         "train_char_lm": ["train", "--text", d["text"], *LM_TINY.split(), "--steps", str(steps)],
     }[name] + RUN
-
-
-def cli(main: Callable[[], object], capsys) -> tuple[int, list[str]]:
-    """``run_main(main)`` -> ``(exit code, the non-blank lines on stderr)``."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as e:
-        run_main(main)
-    return e.value.code, [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-
-
-def assert_bad_input(module, argv: list[str], out: Path, match: str, capsys) -> str:
-    code, lines = cli(lambda: module.main([*argv, *(["--out", str(out)] if out else [])]), capsys)
-    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), lines
-    assert match in lines[0], lines[0]
-    assert out is None or not out.exists(), "nothing may be written for bad input"
-    return lines[0]
 
 
 @pytest.fixture
@@ -128,6 +110,7 @@ def bad_inputs(name: str, data: Path) -> dict[str, tuple[list[str], str]]:
                 "refusing",
             ),
             "bad --set": ([*ok, "--set", "vision.depth=2"], "unknown config key 'vision.depth'"),
+            "bad --ema-decay": ([*ok, "--ema-decay", "1.5"], "--ema-decay must be in"),
             "unreadable images": (
                 ["--train-data", str(data / "bad.csv"), *ok[2:]],
                 "none of the 2 images",
@@ -301,11 +284,49 @@ def test_make_shapes_and_export_answer_the_same_way(
 
 
 def test_the_real_entry_point(data, tmp_path):
-    """``python scripts/train_clip.py`` with a missing CSV: one line, exit 2, no traceback."""
+    """``python scripts/train_clip.py`` with a missing CSV: one line, exit 2, no traceback
+    (the one script run as a new process here: what the process adds -- the interpreter's
+    exit code, nothing else on stderr -- is the same for every script, whose ``__main__``
+    blocks the next test runs)."""
     out = tmp_path / "run"
-    cmd = [sys.executable, str(ROOT / "scripts" / "train_clip.py"), "--out", str(out)]
-    cmd += ["--train-data", str(data / "missing.csv")]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    proc = run_script("train_clip", ["--out", out, "--train-data", data / "missing.csv"])
     assert proc.returncode == 2 and not out.exists()
     assert proc.stderr == f"error: --train-data {data / 'missing.csv'}: no such file\n"
+
+
+MAIN_BAD_INPUT = {  # a missing file for each script run as __main__: (argv, the error line)
+    "train_clip": (["--train-data", "{missing}"], "error: --train-data {missing}: no such file"),
+    "finetune_vit": (["--train-dir", "{missing}"], "error: --train-dir {missing}: no such"),
+    "train_translation": (["train", "--train", "{missing}"], "error: --train {missing}: no"),
+    "train_text_classifier": (["train", "--train", "{missing}"], "error: --train {missing}"),
+    "train_char_lm": (["train", "--text", "{missing}"], "error: --text {missing}: no such"),
+    "distill_clip": (["--teacher", "{missing}", "--train-data", "{missing}"], "error: "),
+    "distill_text_classifier": (["--teacher", "{missing}", "--train", "{missing}"], "error: "),
+    "export": (["--model", "{missing}", "--format", "onnx"], "error: "),
+    "make_shapes": (["{out}", "--n-train", "-1"], "error: counts must be >= 0"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MAIN_BAD_INPUT))
+def test_every_script_run_as_main_answers_bad_input_with_one_line_and_2(
+    name, tmp_path, monkeypatch, capsys
+):
+    """Each script's ``if __name__ == "__main__"`` block, run in this process: the toolkit's
+    exit handling is what the command runs."""
+    assert sorted(MAIN_BAD_INPUT) == sorted(
+        p.stem for p in SCRIPTS.glob("*.py") if not p.name.startswith("_")
+    )
+    out = tmp_path / "out"
+    where = {"missing": str(tmp_path / "missing"), "out": str(out)}
+    argv, line = MAIN_BAD_INPUT[name]
+    argv = [a.format(**where) for a in argv]
+    if name != "make_shapes":  # (its OUT is positional)
+        argv += ["--out", str(out)]
+    monkeypatch.setattr(sys, "argv", [name, *argv])
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # export.py's setdefault, undone after
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        runpy.run_path(str(SCRIPTS / f"{name}.py"), run_name="__main__")
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert e.value.code == 2 and len(lines) == 1 and lines[0].startswith(line.format(**where))
+    assert not out.exists()
