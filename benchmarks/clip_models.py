@@ -1,6 +1,6 @@
 """One CLIP, four implementations with identical random weights, shared by the ``image``,
-``text``, ``zeroshot`` and ``compile`` sections, and (``ours_and_openvino_image``) by the
-investigations.
+``text``, ``zeroshot`` and ``compile`` sections; and one random CLIP with its ONNX graphs,
+exported once per process, shared by ``engines``, ``engines-alone`` and the investigations.
 
 transformers builds a random ``CLIPModel`` -> ours through our converter -> open_clip
 through ``to_open_clip`` -> timm's ``vit_base_patch32_clip_224`` through timm's own
@@ -8,8 +8,13 @@ open_clip converter (``checkpoint_filter_fn``)."""
 
 from __future__ import annotations
 
+import atexit
 import copy
+import functools
+import shutil
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,23 +28,53 @@ TINY_OC_CFG = {  # --quick: a CLIP small enough to build and run in a second
 }
 
 
-def ours_and_openvino_image(quick: bool) -> tuple[Any, Any]:
-    """Our CLIP ViT-B/32 (``quick``: the tiny one) with random weights, in eval mode, and
-    OpenVINO's model of its image tower, converted from the ONNX graph ``attn_clip.export``
-    writes (``openvino.Model``, not compiled)."""
-    import tempfile
-    from pathlib import Path
-
-    import openvino as ov
-    from attn_clip import CLIPConfig, create_model, get_model_config
-    from attn_clip import export as ex
+def random_clip(config: Any) -> Any:
+    """Our CLIP of ``config`` with the same random weights in every process and call (seed 0,
+    ``random_fill_``), in eval mode: what ``engines``, ``engines-alone`` and the
+    investigations time, and what their ONNX graphs are exported from."""
+    from attn_clip import create_model
 
     torch.manual_seed(0)
-    config = CLIPConfig.from_open_clip(TINY_OC_CFG) if quick else get_model_config("ViT-B-32")
-    with torch.no_grad(), tempfile.TemporaryDirectory() as tmp:
-        ours = random_fill_(create_model(config)).eval()
-        ex.export_onnx(ours, Path(tmp), towers=("image",), verbose=False)
-        return ours, ov.convert_model(str(Path(tmp) / "image.onnx"))
+    with torch.no_grad():
+        return random_fill_(create_model(config)).eval()
+
+
+def random_clip_config(quick: bool, name: str = "ViT-B-32") -> Any:
+    """The ``attn_clip.CLIPConfig`` of ``name`` (``quick``: the tiny CLIP)."""
+    from attn_clip import CLIPConfig, get_model_config
+
+    return CLIPConfig.from_open_clip(TINY_OC_CFG) if quick else get_model_config(name)
+
+
+def random_clip_onnx(quick: bool, name: str = "ViT-B-32") -> tuple[Any, Path]:
+    """``random_clip`` of ``name`` (``quick``: the tiny CLIP) and a folder with the ONNX graphs
+    ``attn_clip.export.export_onnx`` writes of its towers (``image.onnx``, ``text.onnx``).
+
+    Made once per process and shared (sections run in one process export once; the folder is
+    removed at exit): use the model read-only."""
+    return _exported_clip("tiny" if quick else name)
+
+
+@functools.cache
+def _exported_clip(name: str) -> tuple[Any, Path]:
+    from attn_clip import export as ex
+
+    folder = Path(tempfile.mkdtemp(prefix="attn-zoo-bench-onnx-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    # not under inference_mode (run.py's sections run there): inference tensors cannot export
+    with torch.inference_mode(False), torch.no_grad():
+        model = random_clip(random_clip_config(name == "tiny", name))
+        ex.export_onnx(model, folder, verbose=False)
+    return model, folder
+
+
+def ours_and_openvino_image(quick: bool) -> tuple[Any, Any]:
+    """``random_clip_onnx``'s CLIP ViT-B/32 (``quick``: the tiny one), shared: read-only, and
+    OpenVINO's model of its image tower (``openvino.Model``, not compiled)."""
+    import openvino as ov
+
+    ours, folder = random_clip_onnx(quick)
+    return ours, ov.convert_model(str(folder / "image.onnx"))
 
 
 def hf_config(oc_cfg: dict[str, Any]) -> Any:

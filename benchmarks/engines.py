@@ -26,13 +26,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
-from pathlib import Path
 
 import torch
 
-from benchmarks.clip_models import TINY_OC_CFG, prompts
-from benchmarks.harness import Report, cosine, max_diff, random_fill_, time_interleaved
+from benchmarks.clip_models import prompts, random_clip_onnx
+from benchmarks.harness import Report, cosine, max_diff, time_interleaved
 
 
 def cpu_bf16() -> str:
@@ -61,7 +59,7 @@ def calibration_images(model: torch.nn.Module, n: int) -> list[torch.Tensor]:
 def bench_engines(args: argparse.Namespace, report: Report) -> None:
     """Per batch: fp32, bf16 and int8 rows; goals >= 1.0x OpenVINO in fp32 and bf16."""
     import openvino as ov
-    from attn_clip import IMAGENET_CLASSNAMES, CLIPConfig, Tokenizer, create_model, get_model_config
+    from attn_clip import IMAGENET_CLASSNAMES, Tokenizer, create_model
     from attn_clip import export as ex
 
     threads = torch.get_num_threads()
@@ -70,19 +68,15 @@ def bench_engines(args: argparse.Namespace, report: Report) -> None:
     note = "" if policy.upper() == "PASSIVE" or spin else "spinning threads: see engines.py"
     section = "CLIP image tower vs inference engines (" + ("tiny" if args.quick else "ViT-B/32")
     section += f", {threads} threads each)"
-    # run.py runs the sections under inference_mode: the models, the export and the
-    # quantization are made outside it (inference tensors cannot be exported or copied)
-    with torch.inference_mode(False), torch.no_grad(), tempfile.TemporaryDirectory() as tmp:
-        torch.manual_seed(0)
-        oc_cfg = TINY_OC_CFG if args.quick else None
-        config = CLIPConfig.from_open_clip(oc_cfg) if oc_cfg else get_model_config("ViT-B-32")
-        ours = random_fill_(create_model(config))
+    ours, folder = random_clip_onnx(args.quick)  # the model and its graphs, shared: read-only
+    config = ours.config
+    # run.py runs the sections under inference_mode: the models and the quantization are
+    # made outside it (inference tensors cannot be copied)
+    with torch.inference_mode(False), torch.no_grad():
         ours16 = create_model(config, precision="bf16").eval()
         ours16.load_state_dict(ours.state_dict())
         ours8 = ex.quantize_dynamic_int8(ours)
-        size = ours.config.vision.image_size
-        folder = Path(tmp)
-        ex.export_onnx(ours, folder, verbose=False)
+        size = config.vision.image_size
         runners = ex.onnxruntime_runners(folder, threads, spin=False)
         ort, ort_text = runners["image"], runners["text"]
         ov_model = ov.convert_model(str(folder / "image.onnx"))

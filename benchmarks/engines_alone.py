@@ -26,27 +26,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.clip_models import TINY_OC_CFG
-from benchmarks.harness import Report, Timing, random_fill_, time_interleaved
+from benchmarks.clip_models import random_clip, random_clip_config, random_clip_onnx
+from benchmarks.harness import Report, Timing, time_interleaved
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository: children run `-m benchmarks...`
 PRECISIONS = ("fp32", "bf16")
-
-
-def model_config(model_name: str, quick: bool) -> Any:
-    """The CLIP's ``attn_clip.CLIPConfig``: ``model_name``, or the tiny one with ``quick``."""
-    from attn_clip import CLIPConfig, get_model_config
-
-    return CLIPConfig.from_open_clip(TINY_OC_CFG) if quick else get_model_config(model_name)
-
-
-def random_model(config: Any) -> torch.nn.Module:
-    """The same random weights in every process (seed 0, ``random_fill_``), in eval mode."""
-    from attn_clip import create_model
-
-    torch.manual_seed(0)
-    with torch.no_grad():
-        return random_fill_(create_model(config)).eval()
 
 
 def child(
@@ -54,13 +38,13 @@ def child(
     out: Path, onnx: Path,
 ) -> None:  # fmt: skip
     """Time one runtime on every case; write ``{case: median ms}`` and the outputs. OpenVINO
-    runs ``onnx``, the graph of ``random_model(config)``'s image tower the parent exported."""
+    runs ``onnx``, the graph of ``random_clip(config)``'s image tower the parent exported."""
     from attn_clip import create_model
     from attn_clip import export as ex
 
     threads = torch.get_num_threads()
     if runtime == "ours":
-        model = random_model(config)
+        model = random_clip(config)
         ours16 = create_model(config, precision="bf16").eval()
         ours16.load_state_dict(model.state_dict())
         fns = {"fp32": lambda x: model.encode_image(x), "bf16": lambda x: ours16.encode_image(x)}
@@ -98,19 +82,12 @@ def cosine_to(a: np.ndarray, ref: np.ndarray) -> float:
 
 def bench_engines_alone(args: argparse.Namespace, report: Report) -> None:
     """One row pair per precision and batch; goals >= 1.0x OpenVINO, each runtime alone."""
-    from attn_clip import export as ex
-
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}  # the default
     threads = torch.get_num_threads()
     name = "tiny CLIP" if args.quick else args.alone_model
     times: dict[str, dict[str, list[float]]] = {"ours": {}, "openvino": {}}
+    onnx = random_clip_onnx(args.quick, args.alone_model)[1] / "image.onnx"  # exported here
     with tempfile.TemporaryDirectory() as tmp:
-        onnx = Path(tmp) / "graph" / "image.onnx"
-        # exported once, here (run.py runs the sections under inference_mode: not in it)
-        with torch.inference_mode(False), torch.no_grad():
-            model = random_model(model_config(args.alone_model, args.quick))
-            ex.export_onnx(model, onnx.parent, towers=("image",), verbose=False)
-        del model
         for r in range(args.rounds):
             for runtime in times:
                 folder = Path(tmp) / f"{runtime}{r}"
@@ -169,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    config = model_config(args.model, args.quick)
+    config = random_clip_config(args.quick, args.model)
     child(args.runtime, config, args.precisions, args.batches, args.repeats, args.out, args.onnx)
 
 
