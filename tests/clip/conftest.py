@@ -1,30 +1,23 @@
-"""Fixtures for attn_clip tests (helpers live in clip_helpers.py)."""
+"""Fixtures for attn_clip tests: the tiny CLIP of tests/_support/clip.py (its helpers as
+the ``h`` fixture, its session-scoped models), tiny inputs."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
+from _support import clip as HELPERS
+from _support.clip import tiny_clip, tiny_open_clip
 from attn_clip import Tokenizer
 
-
-def _load_helpers() -> ModuleType:
-    path = Path(__file__).with_name("clip_helpers.py")
-    spec = importlib.util.spec_from_file_location("attn_clip_test_helpers", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-HELPERS = _load_helpers()
+__all__ = ["tiny_clip", "tiny_open_clip"]
 
 
 @pytest.fixture(scope="session")
 def h() -> ModuleType:
-    """clip_helpers: ``oc_cfg``, ``make_open_clip``, ``perturb_``, ``max_diff``, ``CAPTIONS``."""
+    """tests/_support/clip.py: ``oc_cfg``, ``make_open_clip``, ``perturb_``, ``max_diff``,
+    ``CAPTIONS``, ..."""
     return HELPERS
 
 

@@ -8,6 +8,7 @@ import warnings
 import open_clip
 import pytest
 import torch
+from _support.models import memoized, meta_build, shapes
 from attn_clip import (
     CLIP,
     CLIPConfig,
@@ -26,12 +27,13 @@ TOL = {"atol": 1e-4, "rtol": 1e-4}
 
 
 @pytest.fixture
-def ref(h):
-    return h.make_open_clip(h.oc_cfg())
+def ref(tiny_open_clip):
+    return tiny_open_clip  # the session's: read only
 
 
 @pytest.fixture
 def ours(h):
+    """A fresh model (a failing load may have written some of its tensors)."""
     return CLIP(CLIPConfig.from_open_clip(h.oc_cfg())).eval()
 
 
@@ -224,30 +226,38 @@ def test_openai_torchscript_resnet_archive(h, tmp_path, tiny_tokens):
         assert_close(model.encode_text(tiny_tokens), ref.encode_text(tiny_tokens), **TOL)
 
 
-@pytest.mark.slow
-def test_open_clip_meta_layout_matches_every_listed_model():
-    """Every buildable architecture has exactly open_clip's tensors (names and shapes),
-    SigLIP / SigLIP2 (open_clip's CustomTextCLIP with a timm tower), ConvNeXt (timm tower +
-    projection head), EVA-CLIP (timm Eva tower, its blocks fused), ViTamin (timm tower on
-    a conv stem + projection head) and OpenAI's ResNets included."""
-    from attn_clip import get_model_config, list_models
+def test_open_clip_meta_layout_matches_every_listed_model(monkeypatch):
+    """Every buildable architecture has exactly open_clip's tensors (names and shapes, at
+    full depth), SigLIP / SigLIP2 (open_clip's CustomTextCLIP with a timm tower), ConvNeXt
+    (timm tower + projection head), EVA-CLIP (timm Eva tower, its blocks fused), ViTamin
+    (timm tower on a conv stem + projection head) and OpenAI's ResNets included.
 
+    Both sides are built on the meta device with no init, and each distinct tower once
+    (configs that differ only in the other tower share it): open_clip's ``CLIP`` /
+    ``CustomTextCLIP`` and ours still run their own ``__init__`` for every config."""
+    from attn_clip import get_model_config, list_models
+    from attn_clip import model as attn_clip_model
+
+    for module, name in [
+        (open_clip.model, "_build_vision_tower"),
+        (open_clip.model, "_build_text_tower"),
+        (attn_clip_model, "CLIPVisionTower"),
+        (attn_clip_model, "TextTransformer"),
+    ]:
+        monkeypatch.setattr(module, name, memoized(getattr(module, name)))
     seen, checked = set(), []
     for name in [n for n in list_models() if n in open_clip.list_models()]:
-        cfg = open_clip.get_model_config(name)
-        cfg.pop("quick_gelu", None)  # the activation does not change the tensors
-        if (key := repr(sorted(cfg.items()))) in seen:
+        oc_cfg = open_clip.get_model_config(name)
+        oc_cfg.pop("quick_gelu", None)  # the activation does not change the tensors
+        if (key := repr(sorted(oc_cfg.items()))) in seen:
             continue
         seen.add(key)
-        oc_cfg = open_clip.get_model_config(name)
         custom_text = oc_cfg.pop("custom_text", False)  # SigLIP: the text tower under text.
         model_cls = open_clip.model.CustomTextCLIP if custom_text else open_clip.model.CLIP
-        with torch.device("meta"):
+        with meta_build():
             ref, ours = model_cls(**oc_cfg), CLIP(get_model_config(name))
         sd = fit_to_model(convert_open_clip(ref.state_dict()), ours.state_dict())
-        assert {k: v.shape for k, v in sd.items()} == {
-            k: v.shape for k, v in ours.state_dict().items()
-        }, name
+        assert shapes(sd) == shapes(ours), name
         checked.append(name)
     assert sum("SigLIP" in n for n in checked) >= 20, checked
     assert sum(n.startswith("convnext_") for n in checked) >= 9, checked  # 11, 2 share a layout

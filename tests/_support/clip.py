@@ -1,14 +1,17 @@
-"""Helpers for attn_clip tests: tiny open_clip configs and reference models with non-trivial
-weights (LayerNorm scales/biases perturbed so swapped or missing norms cannot hide).
+"""The one tiny CLIP of the tests: its open_clip config (``TINY_OC_CFG``, ``oc_cfg``),
+reference models with non-trivial weights (LayerNorm scales / biases perturbed so swapped
+or missing norms cannot hide), captions, and the session-scoped reference model and its
+twin in attn_clip that the tests which only read them share.
 
-Imported by path from conftest.py (pytest runs with --import-mode=importlib); tests get it
-through the ``h`` fixture."""
+tests/clip/conftest.py re-exports the fixtures and hands this module out as the ``h``
+fixture."""
 
 from __future__ import annotations
 
 import copy
 
 import open_clip
+import pytest
 import torch
 
 TINY_OC_CFG = {
@@ -86,3 +89,21 @@ def save_checkpoint(sd: dict, path) -> str:
     else:
         torch.save(sd, path)
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_open_clip() -> torch.nn.Module:
+    """open_clip's ``CLIP`` for ``TINY_OC_CFG`` (seed 0, perturbed, eval): read, never
+    changed, by the tests that share it."""
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return make_open_clip(oc_cfg())
+
+
+@pytest.fixture(scope="session")
+def tiny_clip(tiny_open_clip: torch.nn.Module) -> torch.nn.Module:
+    """attn_clip's ``CLIP`` for ``TINY_OC_CFG`` holding ``tiny_open_clip``'s weights (eval)."""
+    from attn_clip import CLIP, CLIPConfig, load_checkpoint
+
+    model = CLIP(CLIPConfig.from_open_clip(oc_cfg()))
+    return load_checkpoint(model, tiny_open_clip.state_dict()).eval()
