@@ -46,12 +46,15 @@ __all__ = sorted([*_WHERE, *_SUBMODULES])
 
 
 def __getattr__(name: str) -> Any:
-    if name in _SUBMODULES:
-        value = importlib.import_module(f".{name}", __name__)
-    elif name in _WHERE:
+    if name in _WHERE:
         value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
-    else:
-        raise AttributeError(f"module 'attn_core' has no attribute {name!r}")
+    else:  # a submodule: attn_core.hub, attn_core.fast_inference, ...
+        try:
+            value = importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module 'attn_core' has no attribute {name!r}") from None
     globals()[name] = value
     return value
 
