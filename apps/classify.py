@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             warn(f"skipped {error}")
         if not good:
             continue
-        x = torch.stack([transform(image.convert("RGB")) for _, image in good]).to(device)
+        x = torch.stack([transform(image) for _, image in good]).to(device)  # RGB already
         with torch.inference_mode():
             probs = model(x).float().softmax(dim=-1).cpu()  # (B, C)
         top = probs.topk(k, dim=-1)
