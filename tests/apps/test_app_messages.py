@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import ast
 import importlib
+import subprocess
+import sys
 
 import _common  # apps/_common.py
 import pytest
@@ -134,3 +136,13 @@ def test_a_tag_wins_over_a_folder_of_the_same_name(monkeypatch, tmp_path):
     (tmp_path / "ckpt").mkdir()
     name, weights = common.resolve_model_args("demo-shapes", "ckpt")
     assert weights == str(tmp_path / "ckpt")  # not a tag: a path, made absolute
+
+
+def test_help_is_fast_the_apps_import_torch_only_when_they_work():
+    """Importing the apps (what ``--help`` runs before printing) loads no torch: one
+    interpreter imports them all."""
+    code = "import sys, classify, retrieval, translate, zero_shot; print('torch' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=APPS, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]
