@@ -1,7 +1,14 @@
-"""Full-size parity: random-init open_clip / transformers models saved in their real on-disk
-formats, loaded by path through ``create_model``, fp32 outputs equal at atol=rtol=1e-4."""
+"""Parity at full width: random-init open_clip / transformers models saved in their real
+on-disk formats, loaded by path through ``create_model``, fp32 outputs equal at
+atol=rtol=1e-4.
+
+The presets' widths, heads, patch sizes, image sizes, vocabularies and context lengths, with
+``DEPTH`` blocks per tower (every block is converted by the same rule, and the names and
+shapes of every preset at full depth are checked on the meta device in test_convert.py)."""
 
 from __future__ import annotations
+
+import copy
 
 import open_clip
 import pytest
@@ -12,6 +19,7 @@ from safetensors.torch import save_file
 from torch.testing import assert_close
 
 TOL = {"atol": 1e-4, "rtol": 1e-4}
+DEPTH = 2
 CAPTIONS = ["a photo of a dog", "a diagram of a transformer with many attention heads"]
 
 
@@ -32,12 +40,13 @@ def _assert_same(ours, ref_image, ref_text, ref_logits, images, tokens) -> None:
     assert_close(logits_per_text, ref_logits.T, **TOL)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "n_images"), [("ViT-B-32", 2), ("ViT-B-16-quickgelu", 1), ("ViT-M-16-alt", 1)]
 )
 def test_open_clip_checkpoint_files(h, tmp_path, name, n_images):
-    ref = h.perturb_(open_clip.create_model(name))
+    cfg = copy.deepcopy(open_clip.get_model_config(name))
+    cfg["vision_cfg"]["layers"] = cfg["text_cfg"]["layers"] = DEPTH
+    ref = h.perturb_(open_clip.model.CLIP(**cfg))  # what open_clip.create_model builds
     size = ref.visual.image_size
     images = torch.randn(n_images, 3, *size)
     tokens = get_tokenizer(name)(CAPTIONS)
@@ -52,11 +61,12 @@ def test_open_clip_checkpoint_files(h, tmp_path, name, n_images):
     bin_path = tmp_path / "open_clip_pytorch_model.bin"
     torch.save(sd, bin_path)
     del sd
-    ours = create_model(name, pretrained=str(safetensors_path))
+    overrides = {"vision": {"layers": DEPTH}, "text": {"layers": DEPTH}}
+    ours = create_model(name, pretrained=str(safetensors_path), **overrides)
     assert ours.config.quick_gelu == name.endswith("quickgelu")
     _assert_same(ours, ref_image, ref_text, ref_logits, images, tokens)
     # the .bin state dict loads to exactly the same weights (so the same outputs)
-    from_bin = create_model(name, pretrained=str(bin_path)).state_dict()
+    from_bin = create_model(name, pretrained=str(bin_path), **overrides).state_dict()
     for key, value in ours.state_dict().items():
         assert torch.equal(from_bin[key], value), key
 
@@ -76,17 +86,17 @@ def _hf_config(size: str):
             ),
             projection_dim=48,
         )  # fmt: skip
-    # openai/clip-vit-base-patch32 (the legacy eos_token_id=2 -> argmax pooling)
+    # openai/clip-vit-base-patch32's widths (the legacy eos_token_id=2 -> argmax pooling)
     return HFCLIPConfig(
         text_config=dict(hidden_size=512, intermediate_size=2048, num_attention_heads=8,
-                         num_hidden_layers=12, eos_token_id=2),
+                         num_hidden_layers=DEPTH, eos_token_id=2),
         vision_config=dict(hidden_size=768, intermediate_size=3072, num_attention_heads=12,
-                           num_hidden_layers=12, image_size=224, patch_size=32),
+                           num_hidden_layers=DEPTH, image_size=224, patch_size=32),
         projection_dim=512,
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("size", ["small", pytest.param("vit_b32", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("size", ["small", "vit_b32"])
 def test_transformers_save_pretrained_folder(h, tmp_path, size):
     transformers = pytest.importorskip("transformers")
     try:
