@@ -23,7 +23,7 @@ from attn_vision import (
     save_pretrained,
 )
 from attn_vision.pretrained import TABLE_PATH
-from attn_vision.timm_table import timm_pretrained_table
+from attn_vision.timm_table import format_table, timm_pretrained_table
 from timm.models import get_pretrained_cfg as timm_get_pretrained_cfg
 
 REQUIRED = [
@@ -128,6 +128,8 @@ def test_unknown_names_and_options_are_clear_errors() -> None:
         create_model("resnet18_eca.a1_in1k")
     with pytest.raises(ValueError, match="no published weights"):
         create_model("resnet18_coord", pretrained=True)
+    with pytest.raises(ValueError, match="'vit_giant_patch14_dinov2' is not built.*mlp_layer"):
+        create_model("vit_giant_patch14_dinov2")  # timm has it: what we lack is named
 
 
 def test_models_are_returned_in_eval_mode() -> None:
@@ -139,12 +141,13 @@ def test_models_are_returned_in_eval_mode() -> None:
 
 
 def test_shipped_timm_table_is_up_to_date() -> None:
-    """Drift check: regenerate with `python -m attn_vision.registry --write-table`."""
+    """Drift check: regenerate with `python -m attn_vision.timm_table --write-table`."""
     shipped = json.loads(TABLE_PATH.read_text(encoding="utf-8"))
-    assert shipped["architectures"] == timm_pretrained_table()["architectures"], (
+    assert shipped == timm_pretrained_table(), (
         f"{TABLE_PATH.name} differs from timm {timm.__version__}'s pretrained cfgs; run "
-        "`python -m attn_vision.registry --write-table`"
+        "`python -m attn_vision.timm_table --write-table`"
     )
+    assert TABLE_PATH.read_text(encoding="utf-8") == format_table(shipped)
 
 
 @pytest.mark.parametrize(

@@ -47,6 +47,7 @@ from .pretrained import (
     resolve_source,
 )
 from .registry import (
+    clean_tag,
     default_pretrained_tag,
     get_model_config,
     get_pretrained_cfg,
@@ -73,11 +74,6 @@ PRECISIONS = {
 }
 HF_HUB_PREFIX, LOCAL_DIR_PREFIX = "hf-hub:", "local-dir:"
 _RESAMPLE = {2: "bilinear", 3: "bicubic"}  # PIL resample codes in preprocessor_config.json
-
-
-def _clean_tag(tag: str) -> str:
-    """open_clip's tag normalisation: ``"LAION2B-s34B-b79K"`` -> ``"laion2b_s34b_b79k"``."""
-    return tag.lower().replace("-", "_")
 
 
 def _preprocess_from_open_clip(cfg: dict[str, Any] | None, size) -> PreprocessConfig:
@@ -310,8 +306,8 @@ def create_model(
         pretrained = default
     if pretrained is not None:
         tags = list_pretrained_tags(model_name) if isinstance(model_name, str) else []
-        if isinstance(pretrained, str) and _clean_tag(pretrained) in tags:
-            source = get_pretrained_cfg(model_name, _clean_tag(pretrained))
+        if isinstance(pretrained, str) and clean_tag(pretrained) in tags:
+            source = get_pretrained_cfg(model_name, clean_tag(pretrained))
             ckpt = read_checkpoint(resolve_source(source, **hub_kwargs))
             preprocess, tag_quick_gelu = source.preprocess, source.quick_gelu
         elif os.path.exists(pretrained):

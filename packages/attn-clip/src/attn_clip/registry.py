@@ -22,8 +22,7 @@ and ``imagenet_zero_shot.json`` (OpenAI's ImageNet class names and prompt templa
 (``tests/clip/test_registry.py`` runs the check, so an open_clip upgrade that changes
 them, or a config feature attn_clip learns, fails until the files are rebuilt.) The
 SigLIP, ConvNeXt, EVA and ViTamin image towers are timm models named in open_clip's
-configs; the table also holds the timm keyword arguments of each such name (``timm_vit``,
-``timm_convnext``, ``timm_eva``, ``timm_vitamin``, read from the installed timm).
+configs: attn_vision's presets of those names (:mod:`attn_clip.config_timm`).
 
 attn_clip also has *bundled* models of its own, whose weights ship inside the package
 (no network): ``demo-shapes``, a small CLIP trained by ``scripts/train_clip.py`` on the
@@ -51,6 +50,7 @@ __all__ = [
     "BUNDLED_MODELS",
     "PretrainedSource",
     "build_tables",
+    "clean_tag",
     "coverage",
     "default_pretrained_tag",
     "get_model_config",
@@ -144,33 +144,12 @@ PRETRAINED_FIELDS: dict[str, Any] = {
 @functools.cache
 def _table() -> dict[str, Any]:
     """The shipped copy of open_clip's registry (``models``, ``unsupported``, ``pretrained``,
-    ``unsupported_pretrained``, ``timm_vit``, ``timm_convnext``, ``timm_eva``,
-    ``timm_vitamin``)."""
+    ``unsupported_pretrained``)."""
     with open(TABLE_FILE, encoding="utf-8") as f:
         return json.load(f)
 
 
-# table name -> (timm module, the builder its entrypoints call with the model's kwargs)
-TIMM_BUILDERS = {
-    "timm_vit": ("vision_transformer", "_create_vision_transformer"),
-    "timm_convnext": ("convnext", "_create_convnext"),
-    "timm_eva": ("eva", "_create_eva"),  # EVA-01 / EVA02 (EVA-CLIP's image towers)
-    "timm_vitamin": ("vitamin", "_create_vitamin"),  # ViTamin (a ViT on a conv stem)
-}
-# tables whose models take the image size as ``img_size`` (filled in from timm's default
-# pretrained config when the entry point leaves it to the class default)
-_IMG_SIZE_TABLES = ("timm_vit", "timm_eva", "timm_vitamin")
-
-
-def timm_tables() -> dict[str, dict[str, dict[str, Any]]]:
-    """``{"timm_vit": {name: kwargs}, "timm_convnext": {...}, "timm_eva": {...},
-    "timm_vitamin": {...}}``: the keyword arguments timm builds each timm tower named in
-    open_clip's configs with, for the models that are timm's plain ``VisionTransformer``,
-    ``ConvNeXt``, ``Eva`` or ViTamin (whether attn_clip builds them or not)."""
-    return {name: _table()[name] for name in TIMM_BUILDERS}
-
-
-def _clean_tag(tag: str) -> str:
+def clean_tag(tag: str) -> str:
     """open_clip's tag normalization: ``"LAION2B-s34b"`` -> ``"laion2b_s34b"``."""
     return tag.lower().replace("-", "_")
 
@@ -250,7 +229,7 @@ def get_pretrained_cfg(name: str, tag: str) -> PretrainedSource:
             preprocess=bundled.preprocess,
             file=str(WEIGHTS_DIR / filename),
         )
-    cfg = _table()["pretrained"].get(name, {}).get(_clean_tag(tag))
+    cfg = _table()["pretrained"].get(name, {}).get(clean_tag(tag))
     if cfg is None:
         tags = list_pretrained_tags(name)
         raise ValueError(
@@ -293,13 +272,11 @@ def build_tables() -> dict[str, dict[str, Any]]:
     from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES, OPENAI_IMAGENET_TEMPLATES
 
     configs = {name: open_clip.get_model_config(name) for name in open_clip.list_models()}
-    timm_names = {c["vision_cfg"].get("timm_model_name") for c in configs.values()}
-    timm_args = _timm_model_args(sorted(n for n in timm_names if n))
     models: dict[str, Any] = {}
     unsupported: dict[str, str] = {}
     for name, cfg in configs.items():
         try:
-            CLIPConfig.from_open_clip(copy.deepcopy(cfg), timm_tables=timm_args)
+            CLIPConfig.from_open_clip(copy.deepcopy(cfg))
         except (ValueError, TypeError, KeyError) as e:
             unsupported[name] = str(e)
         else:
@@ -326,7 +303,6 @@ def build_tables() -> dict[str, dict[str, Any]]:
             "unsupported": unsupported,
             "pretrained": pretrained,
             "unsupported_pretrained": unsupported_pretrained,
-            **timm_args,
         },
         ZERO_SHOT_FILE.name: {
             "open_clip_version": open_clip.__version__,
@@ -335,63 +311,6 @@ def build_tables() -> dict[str, dict[str, Any]]:
         },
     }
     return json.loads(json.dumps(tables))  # tuples -> lists: exactly what a reload gives
-
-
-def _timm_model_args(names: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
-    """For each table of :data:`TIMM_BUILDERS`, timm's keyword arguments of each timm model
-    in ``names`` whose entry point is in that table's module (ViTs, ConvNeXts, Evas,
-    ViTamins; the others, Swin, FastViT, ..., are left out): caught on their way into the
-    module's builder, so no model is built; a ViT's, Eva's or ViTamin's ``img_size`` from its
-    default pretrained config when the entry point does not set it. A dataclass (ViTamin's
-    ``embed_cfg``) becomes its dict, a class (ViTamin's ``mlp_layer``) its qualified name;
-    other values that are not JSON (layers, functions) become their ``repr``, which
-    ``CLIPConfig.from_open_clip`` then refuses by name."""
-    import dataclasses
-    import importlib
-
-    import timm
-
-    class Captured(Exception):
-        pass
-
-    def capture(variant: str, pretrained: bool = False, **kwargs: Any) -> None:
-        raise Captured(kwargs)
-
-    def plain(v: Any) -> Any:
-        if isinstance(v, (list, tuple)):
-            return [plain(x) for x in v]
-        if dataclasses.is_dataclass(v) and not isinstance(v, type):
-            return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
-        if isinstance(v, type):
-            return f"{v.__module__}.{v.__qualname__}"
-        return v if v is None or isinstance(v, (bool, int, float, str)) else repr(v)
-
-    tables: dict[str, dict[str, dict[str, Any]]] = {}
-    for table, (module_name, builder) in TIMM_BUILDERS.items():
-        module = importlib.import_module(f"timm.models.{module_name}")
-        out = tables[table] = {}
-        original = getattr(module, builder)
-        setattr(module, builder, capture)
-        try:
-            for name in names:
-                if not timm.is_model(name):
-                    continue
-                entrypoint = timm.models.model_entrypoint(name)
-                if entrypoint.__module__ != module.__name__:
-                    continue
-                try:
-                    entrypoint(pretrained=False)
-                except Captured as c:
-                    kwargs = dict(c.args[0])
-                else:
-                    continue
-                if table in _IMG_SIZE_TABLES:
-                    size = timm.models.get_pretrained_cfg(name).input_size[-2:]
-                    kwargs.setdefault("img_size", list(size))
-                out[name] = {k: plain(v) for k, v in kwargs.items()}
-        finally:
-            setattr(module, builder, original)
-    return tables
 
 
 # families counted on their own by ``coverage()``: label, test on the open_clip name
@@ -444,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m attn_clip.registry",
         description="Rebuild (--write) or verify (--check) attn_clip's copies of open_clip's "
-        "registry and zero-shot tables from the installed open_clip (and timm), or print "
+        "registry and zero-shot tables from the installed open_clip, or print "
         "how much of open_clip's registry attn_clip builds (--coverage).",
     )
     action = parser.add_mutually_exclusive_group(required=True)

@@ -3,7 +3,7 @@ loading timm weights.
 
 The ViT presets are timm's whole ``VisionTransformer`` family that our config expresses
 (ViT, DeiT, DeiT-3, DINOv2 (+ registers), SigLIP, CLIP-trained ViTs, ...): see
-``python -m attn_vision.registry --coverage``.
+``python -m attn_vision.timm_table --coverage``.
 
 Quick start::
 
@@ -49,6 +49,7 @@ _EXPORTS = {
         "list_models",
         "register_model",
         "save_pretrained",
+        "timm_model_config",
     ],
     "resnet": ["ResNet", "ResNetConfig"],
     "swin": ["SwinConfig", "SwinTransformer"],
@@ -105,6 +106,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
         list_models,
         register_model,
         save_pretrained,
+        timm_model_config,
     )
     from .resnet import ResNet, ResNetConfig
     from .swin import SwinConfig, SwinTransformer

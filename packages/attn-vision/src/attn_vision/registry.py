@@ -15,8 +15,12 @@ timm's own entrypoints by :mod:`attn_vision.timm_table`, the only module that im
 timm). Regenerate it after adding a non-ViT preset or upgrading timm, and see what of
 timm's ViTs we build::
 
-    python -m attn_vision.registry --write-table
-    python -m attn_vision.registry --coverage
+    python -m attn_vision.timm_table --write-table
+    python -m attn_vision.timm_table --coverage
+
+:func:`timm_model_config` is the config ``timm.create_model(name, **kwargs)`` builds, as
+ours: a preset with timm's keyword arguments (translated by :mod:`attn_vision.timm_args`),
+which is how attn_clip builds open_clip's timm image towers.
 
 A folder written by :func:`save_pretrained` holds ``config.json`` and
 ``model.safetensors`` (attn_vision's state dict); ``config.json`` is::
@@ -31,7 +35,6 @@ and is read strictly: unknown keys are refused by name (``attn_core.hub.Checkpoi
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import difflib
 import fnmatch
@@ -54,7 +57,6 @@ from .convert import (
 )
 from .convnext import ConvNeXt, ConvNeXtConfig
 from .pretrained import (
-    TABLE_PATH,
     get_pretrained_cfg,
     pretrained_tags,
     read_table,
@@ -62,15 +64,19 @@ from .pretrained import (
 )
 from .resnet import ResNet, ResNetConfig
 from .swin import SwinConfig, SwinTransformer
+from .timm_args import TIMM_TRANSLATORS
 from .vit import VisionTransformer, ViTConfig
 from .vitamin import Vitamin, VitaminConfig
 
 __all__ = [
+    "ModelSpec",
     "create_model",
     "get_model_config",
+    "get_model_spec",
     "list_models",
     "register_model",
     "save_pretrained",
+    "timm_model_config",
 ]
 
 CONFIG_NAME = "config.json"
@@ -96,11 +102,23 @@ FAMILIES: dict[str, tuple[type, type[nn.Module], Any]] = {
 }
 
 
+# family -> the timm module of its entrypoints (a ViT preset's is in the table: ``eva`` or
+# ``vision_transformer`` / ``deit``)
+TIMM_MODULES = {"swin": "swin_transformer", "resnet": "resnet", "convnext": "convnext",
+                "vitamin": "vitamin"}  # fmt: skip
+
+
 @dataclass(frozen=True)
 class ModelSpec:
+    """A preset: its family, config fields and what timm calls it."""
+
     family: str  # key of FAMILIES
     args: dict[str, Any] = field(default_factory=dict)  # preset config fields
     timm_weights: bool = True  # timm has this architecture (pretrained cfgs and weights)
+    timm_module: str | None = None  # the timm module of its entrypoint (None: the family's)
+    # timm keyword arguments that only choose the layout of timm's checkpoint (Eva's
+    # ``qkv_fused``: :func:`attn_vision.timm_args.eva_layout`)
+    layout_args: dict[str, Any] = field(default_factory=dict)
 
 
 _MODELS: dict[str, ModelSpec] = {}
@@ -115,14 +133,17 @@ def register_model(name: str, family: str, timm_weights: bool = True, **args: An
     """Register preset ``name`` of ``family`` (a key of ``FAMILIES``) with config ``args``."""
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; expected one of {sorted(FAMILIES)}")
-    _MODELS[name] = ModelSpec(family, args, timm_weights)
+    _MODELS[name] = ModelSpec(family, args, timm_weights, TIMM_MODULES.get(family))
 
 
 # --- presets ---------------------------------------------------------------------------
 # ViT: one per generated table entry with "model_args" (timm's architecture, our field names)
 for _name, _entry in read_table()["architectures"].items():
     if "model_args" in _entry:
-        register_model(_name, "vit", **_tuples(_entry["model_args"]))
+        _MODELS[_name] = ModelSpec(
+            "vit", _tuples(_entry["model_args"]), True, _entry["timm_module"],
+            _entry.get("layout_args", {}),
+        )  # fmt: skip
 
 _swin_t = dict(embed_dim=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24))
 _swin_s = dict(embed_dim=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24))
@@ -249,6 +270,10 @@ for _attn in ("se", "eca", "cbam", "coord"):
 # --- lookup ----------------------------------------------------------------------------
 def _spec(arch: str) -> ModelSpec:
     if arch not in _MODELS:
+        refused = read_table().get("unsupported", {}).get(arch)
+        if refused:
+            raise ValueError(f"timm's {arch!r} is not built by attn_vision: it has "
+                             f"{', '.join(refused)}")  # fmt: skip
         close = difflib.get_close_matches(arch, list(_MODELS), n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise ValueError(
@@ -298,6 +323,34 @@ def _data_cfg(timm_cfg: dict[str, Any] | None, config: Any) -> dict[str, Any]:
 def get_model_config(name: str, **overrides: Any) -> Any:
     """The config dataclass ``create_model(name, **overrides)`` would build."""
     return _resolve(name, overrides)[1]
+
+
+def get_model_spec(name: str) -> ModelSpec:
+    """The preset behind ``name`` (``arch`` or ``arch.tag``); ValueError if there is none."""
+    return _spec(name.partition(".")[0])
+
+
+def timm_model_config(
+    name: str, timm_kwargs: dict[str, Any] | None = None, **overrides: Any
+) -> Any:
+    """The config ``timm.create_model(name, **timm_kwargs)`` builds, as ours, then
+    ``overrides`` (our field names): the preset's, with timm's keyword arguments
+    (``depth``, ``act_layer``, ``use_rot_pos_emb``, ``kernel_sizes``, ...) translated by
+    :mod:`attn_vision.timm_args`. Raises ``ValueError`` naming each argument we cannot
+    build (and for Swin / ResNet presets, whose timm arguments are not translated)."""
+    spec = get_model_spec(name)
+    args: dict[str, Any] = {}
+    if timm_kwargs:
+        translate = TIMM_TRANSLATORS.get(spec.timm_module)
+        if translate is None:
+            raise ValueError(
+                f"timm keyword arguments of {name!r} ({spec.family}) are not translated; only "
+                f"those of the {sorted(TIMM_TRANSLATORS)} presets"
+            )
+        args, unsupported = translate(timm_kwargs, get_model_config(name))
+        if unsupported:
+            raise ValueError(f"timm {name!r} with {', '.join(unsupported)}")
+    return get_model_config(name, **{**args, **overrides})
 
 
 def _resolve(name: str, overrides: dict[str, Any]) -> tuple[ModelSpec, Any, dict | None]:
@@ -494,36 +547,3 @@ def _load_folder(
         state_dict = converter(hub.read_folder(folder, (WEIGHTS_NAME,)), config)
         hub.load_state_dict(model, state_dict, source=str(folder / WEIGHTS_NAME))
     return model
-
-
-# --- the generated table, coverage ------------------------------------------------------
-def main(argv: list[str] | None = None) -> None:
-    """``python -m attn_vision.registry --write-table | --coverage`` (both import timm)."""
-    from . import timm_table
-
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument(
-        "--write-table",
-        action="store_true",
-        help=f"write {TABLE_PATH.name} (ViT presets + pretrained cfgs) from the installed timm",
-    )
-    parser.add_argument(
-        "--coverage",
-        action="store_true",
-        help="print how many of timm's ViT architectures and pretrained tags we build",
-    )
-    args = parser.parse_args(argv)
-    if not (args.write_table or args.coverage):
-        parser.error("nothing to do (pass --write-table or --coverage)")
-    if args.write_table:
-        table = timm_table.timm_pretrained_table()
-        with hub.atomic_write(TABLE_PATH, "w") as f:
-            f.write(timm_table.format_table(table))
-        n = sum(len(e["tags"]) for e in table["architectures"].values())
-        print(f"wrote {TABLE_PATH} ({len(table['architectures'])} architectures, {n} tags)")
-    if args.coverage:
-        print(timm_table.coverage_report(set(list_models()), set(list_models(pretrained=True))))
-
-
-if __name__ == "__main__":
-    main()
