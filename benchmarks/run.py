@@ -2,7 +2,7 @@
 
 From the repository root (``uv run benchmarks/run.py ...`` works as well):
 
-    uv run python -m benchmarks.run                      # every section (~15 min on 2 cores)
+    uv run python -m benchmarks.run                      # every section (~20 min on 2 cores)
     uv run python -m benchmarks.run --quick              # tiny configs, seconds (a smoke test)
     uv run python -m benchmarks.run --only image,text --json bench.json
 
