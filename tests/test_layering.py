@@ -23,11 +23,6 @@ BELOW = {
     "attn_clip": {"attn_core", "attn_vision"},
     "attn_train": {"attn_core", "attn_vision", "attn_nlp", "attn_clip"},
 }
-# Cycles that another change is removing right now (issue 29); empty this set once it lands.
-KNOWN_CYCLES_BEING_REMOVED = {
-    frozenset({"attn_clip.config", "attn_clip.registry"}),
-    frozenset({"attn_vision.registry", "attn_vision.timm_table"}),
-}
 
 
 def _modules(package: str) -> dict[str, Path]:
@@ -183,12 +178,8 @@ def _cycle_in(graph: dict[str, set[str]], group: set[str]) -> list[str]:
 
 @pytest.mark.parametrize("package", sorted(BELOW))
 def test_no_import_cycle_between_modules(package):
-    cycles = [c for c in find_cycles(import_graph(package)) if not _known(c)]
+    cycles = find_cycles(import_graph(package))
     assert not cycles, "import cycle(s): " + "; ".join(" -> ".join(c) for c in cycles)
-
-
-def _known(cycle: list[str]) -> bool:
-    return frozenset(cycle) in KNOWN_CYCLES_BEING_REMOVED
 
 
 def test_the_cycle_finder_sees_function_body_imports_and_reexports(tmp_path):
