@@ -55,20 +55,23 @@ def test_quick_run_writes_tables_and_json(tmp_path, capsys):
     assert (tmp_path / "b.md").read_text().startswith("###")
 
 
+BAD_INPUT = [
+    (run.main, ["--only", "nope"], "unknown sections ['nope']; expected some of: image,"),
+    (run.main, ["--skip", "image,nope"], "unknown sections ['nope']"),
+    (run.main, ["--repeats", "0"], "--repeats must be at least 1, got 0"),
+    (run.main, ["--rounds", "0"], "--rounds must be at least 1, got 0"),
+    (run.main, ["--precisions", "fp16"], "--precisions expects fp32, bf16 or fp32,bf16"),
+    (products.main, ["--quick", "--batch", "0"], "--batch must be at least 1, got 0"),
+    (products.main, ["--quick", "--repeats", "0"], "--repeats must be at least 1, got 0"),
+    (products.main, ["--quick", "--threads", "0"], "--threads must be at least 1, got 0"),
+    (op_profile.main, ["--quick", "--repeats", "0"], "--repeats must be at least 1, got 0"),
+    (op_profile.main, ["--quick", "--top", "0"], "--top must be at least 1, got 0"),
+]
+
+
 @pytest.mark.parametrize(
     "main, argv, message",
-    [
-        (run.main, ["--only", "nope"], "unknown sections ['nope']; expected some of: image,"),
-        (run.main, ["--skip", "image,nope"], "unknown sections ['nope']"),
-        (run.main, ["--repeats", "0"], "--repeats must be at least 1, got 0"),
-        (run.main, ["--rounds", "0"], "--rounds must be at least 1, got 0"),
-        (run.main, ["--precisions", "fp16"], "--precisions expects fp32, bf16 or fp32,bf16"),
-        (products.main, ["--quick", "--batch", "0"], "--batch must be at least 1, got 0"),
-        (products.main, ["--quick", "--repeats", "0"], "--repeats must be at least 1, got 0"),
-        (products.main, ["--quick", "--threads", "0"], "--threads must be at least 1, got 0"),
-        (op_profile.main, ["--quick", "--repeats", "0"], "--repeats must be at least 1, got 0"),
-        (op_profile.main, ["--quick", "--top", "0"], "--top must be at least 1, got 0"),
-    ],
+    [pytest.param(*case, id=f"{case[0].__module__} {' '.join(case[1])}") for case in BAD_INPUT],
 )
 def test_bad_input_gets_one_line_and_exit_2(main, argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -77,7 +80,9 @@ def test_bad_input_gets_one_line_and_exit_2(main, argv, message, capsys):
     assert message in capsys.readouterr().err.splitlines()[-1]
 
 
-@pytest.mark.parametrize("entry", [["-m", "benchmarks.run"], ["benchmarks/run.py"]])
+@pytest.mark.parametrize(
+    "entry", [["-m", "benchmarks.run"], ["benchmarks/run.py"]], ids=["-m benchmarks.run", "file"]
+)
 def test_entry_points_exit_2_in_a_real_process(entry):
     """Both documented forms (``python -m benchmarks.run`` and the file) import the package
     and exit 2 on bad input; arguments are read before torch is imported (well under 1 s)."""
