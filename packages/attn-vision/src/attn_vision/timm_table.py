@@ -115,46 +115,35 @@ def timm_vit_args() -> dict[str, tuple[dict[str, Any], list[str]]]:
     return _translated("vision_transformer", timm_vit_kwargs())
 
 
-@functools.cache
-def timm_eva_kwargs() -> dict[str, dict[str, Any]]:
-    """``arch -> kwargs`` of every timm ``eva`` module architecture (recorded, not built)."""
-    import timm
-    from timm.models import eva
+# timm modules recorded whole (every architecture), with the builder their entrypoints call
+BUILDERS = {"eva": "_create_eva", "vitamin": "_create_vitamin", "convnext": "_create_convnext"}
 
-    return _record(timm.list_models(module="eva"), eva, "_create_eva")
+
+@functools.cache
+def timm_module_kwargs(module: str) -> dict[str, dict[str, Any]]:
+    """``arch -> kwargs`` of every architecture of timm module ``module`` (a key of
+    :data:`BUILDERS`), recorded, not built."""
+    import importlib
+
+    import timm
+
+    archs = timm.list_models(module=module)
+    return _record(archs, importlib.import_module(f"timm.models.{module}"), BUILDERS[module])
 
 
 def timm_eva_args() -> dict[str, tuple[dict[str, Any], list[str]]]:
     """``arch -> eva_args(kwargs)`` for every timm architecture in the ``eva`` module."""
-    return _translated("eva", timm_eva_kwargs())
-
-
-@functools.cache
-def timm_vitamin_kwargs() -> dict[str, dict[str, Any]]:
-    """``arch -> kwargs`` of every timm ``vitamin`` module architecture (not built)."""
-    import timm
-    from timm.models import vitamin
-
-    return _record(timm.list_models(module="vitamin"), vitamin, "_create_vitamin")
+    return _translated("eva", timm_module_kwargs("eva"))
 
 
 def timm_vitamin_args() -> dict[str, tuple[dict[str, Any], list[str]]]:
     """``arch -> vitamin_args(kwargs)`` for every timm architecture in ``vitamin``."""
-    return _translated("vitamin", timm_vitamin_kwargs())
-
-
-@functools.cache
-def timm_convnext_kwargs() -> dict[str, dict[str, Any]]:
-    """``arch -> kwargs`` of every timm ``convnext`` module architecture (not built)."""
-    import timm
-    from timm.models import convnext
-
-    return _record(timm.list_models(module="convnext"), convnext, "_create_convnext")
+    return _translated("vitamin", timm_module_kwargs("vitamin"))
 
 
 def timm_convnext_args() -> dict[str, tuple[dict[str, Any], list[str]]]:
     """``arch -> convnext_args(kwargs)`` for every timm architecture in ``convnext``."""
-    return _translated("convnext", timm_convnext_kwargs())
+    return _translated("convnext", timm_module_kwargs("convnext"))
 
 
 def _pretrained_entry(arch: str) -> dict[str, Any]:
@@ -201,7 +190,7 @@ def timm_pretrained_table() -> dict[str, Any]:
             timm_module = timm.models.model_entrypoint(arch).__module__.rpartition(".")[2]
             entry = {"model_args": args, "timm_module": timm_module}
             if module == "eva":
-                entry["layout_args"] = eva_layout(timm_eva_kwargs()[arch])
+                entry["layout_args"] = eva_layout(timm_module_kwargs("eva")[arch])
             archs[arch] = {**entry, **_pretrained_entry(arch)}
     for arch in other_archs:
         if not get_arch_pretrained_cfgs(arch):
