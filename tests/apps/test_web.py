@@ -339,9 +339,11 @@ def find_chromium() -> tuple[str | None, str | None]:
     return browser, driver
 
 
-@pytest.fixture(scope="module")
-def server(index_path, tmp_path_factory):
-    """`apps/web.py --model demo-shapes --index IDX` on a free port, as a user starts it."""
+@pytest.fixture(scope="module", autouse=True)
+def started_server(index_path, tmp_path_factory):
+    """`apps/web.py --model demo-shapes --index IDX` on a free port, as a user starts it:
+    started with the module, so that its start-up (importing torch and Gradio, ~15 s) runs
+    beside the in-process tests; :func:`server` waits for it."""
     logs = tmp_path_factory.mktemp("web_server")
     port = free_port()
     env = {
@@ -362,18 +364,25 @@ def server(index_path, tmp_path_factory):
         # (`cmd &` starts them with SIGINT ignored, and Python keeps an ignored SIGINT)
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
+    yield proc, port, logs
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    out.close()
+    err.close()
+
+
+@pytest.fixture(scope="module")
+def server(started_server):
+    """The server, once it serves."""
+    proc, port, logs = started_server
     deadline = time.monotonic() + 180
     while "serving" not in (logs / "stdout").read_text():
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
             pytest.fail(f"the server did not start: {(logs / 'stderr').read_text()}")
         time.sleep(0.2)
-    yield proc, f"http://127.0.0.1:{port}/", logs
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
-    out.close()
-    err.close()
+    return proc, f"http://127.0.0.1:{port}/", logs
 
 
 @pytest.fixture(scope="module")

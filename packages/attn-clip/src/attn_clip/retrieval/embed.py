@@ -60,7 +60,11 @@ class IndexModel:
 
     @classmethod
     def from_record(
-        cls, record: ModelRecord, *, device: str | torch.device | None = None, precision=None
+        cls,
+        record: ModelRecord,
+        *,
+        device: str | torch.device | None = None,
+        precision: str | None = None,
     ) -> IndexModel:
         """The model an index was built with (:class:`~.errors.ModelMismatchError` when its
         weights no longer give the recorded embeddings)."""
