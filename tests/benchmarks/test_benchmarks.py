@@ -1,6 +1,10 @@
-"""benchmarks/: every section of ``benchmarks.run`` and both investigations run in this
+"""benchmarks/: the sections of ``benchmarks.run`` and both investigations run in this
 process on tiny configs (one repeat) and report rows, checks and goals; bad input is refused
-(one real process per entry form for the exit code). Timings are not asserted."""
+(one real process per entry form for the exit code). Timings are not asserted.
+
+Not run here, as before: ``families`` (full-width open_clip RN50 / convnext_base towers, ~12 s
+of CPU even at 64 px) and ``compile`` (Inductor compiles both towers); each export of the
+tiny CLIP is done once per process (``clip_models.random_clip_onnx``)."""
 
 from __future__ import annotations
 
