@@ -12,12 +12,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from _support.train import shapes_data
 from safetensors.torch import load_file
 
 
 @pytest.fixture(scope="module")
-def tc(load_script):
-    return load_script("train_clip")
+def tc():
+    import train_clip
+
+    return train_clip
 
 
 def siglip_checkpoint(folder: Path, captions: list[str]) -> Path:
@@ -42,14 +45,12 @@ def siglip_checkpoint(folder: Path, captions: list[str]) -> Path:
     return folder
 
 
-def test_siglip_checkpoint_fine_tunes_with_the_sigmoid_loss(tc, tmp_path):
+def test_siglip_checkpoint_fine_tunes_with_the_sigmoid_loss(tc, tmp_path_factory, tmp_path):
     pytest.importorskip("sentencepiece")
     pytest.importorskip("transformers")
     import attn_clip
-    from attn_train import shapes
 
-    data = tmp_path / "shapes"
-    shapes.write_dataset(data, n_train=32, n_val=8, n_heldout=8, image_size=32)
+    data = shapes_data(tmp_path_factory)
     captions = [line.split(",", 1)[1] for line in (data / "train.csv").read_text().splitlines()[1:]]
     folder = siglip_checkpoint(tmp_path / "siglip", captions * 4)
     oc_config = json.loads((folder / "open_clip_config.json").read_text())["model_cfg"]

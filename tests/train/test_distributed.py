@@ -23,7 +23,7 @@ import torch
 from _support.scripts import records, step_losses, torchrun, weights
 from _support.train import CLIP_TINY, VIT_TINY, shapes_data, train_mlp
 
-VIT = [*VIT_TINY, "--batch-size", "8", "--max-steps", "4", "--save-every", "1"]
+VIT = [*VIT_TINY, "--batch-size", "8", "--max-steps", "4", "--save-every", "2"]
 VIT += ["--grad-clip", "1"]
 CLIP = ["--set", *CLIP_TINY, "--batch-size", "8", "--accum", "2", "--max-steps", "3"]
 CLIP += ["--grad-clip", "1"]
