@@ -55,9 +55,10 @@ ANN_OPTIONS = {"ann": "--ann on ", "factory": "--ann-factory: ", "memory": "--an
 def open_index(base: Path, args: argparse.Namespace):
     """The index at ``base`` with its recorded model (after --model / --pretrained, when
     given, are checked to name it)."""
-    from attn_clip.retrieval import RetrievalIndex
-
     try:
+        Manifest.read(base)  # (a missing or broken manifest is said before torch loads)
+        from attn_clip.retrieval import RetrievalIndex
+
         index = RetrievalIndex.open(base)
     except IndexNotFoundError as e:
         raise InputError(f"{e}; build it with: index DIR --out") from None
