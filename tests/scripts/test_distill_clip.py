@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _support.train import tiny_clip_config
 from attn_train import loop
 from attn_train.cli import run_main
 from safetensors.torch import load_file
@@ -22,14 +23,11 @@ def data(tmp_path_factory) -> Path:
     """Shapes data and a teacher folder (a random CLIP, width 32 / 16)."""
     import attn_clip
     from attn_train import shapes
-    from attn_train.cli import apply_overrides
 
     root = tmp_path_factory.mktemp("distill_clip")
     shapes.write_dataset(root, n_train=32, n_val=0, n_heldout=12, image_size=32)
-    config = attn_clip.get_model_config("demo-shapes").to_dict()
-    config = apply_overrides(config, [*SMALL, "vision.width=32", "text.width=32"])
-    attn_clip.save_pretrained(attn_clip.create_model(attn_clip.CLIPConfig.from_dict(config)),
-                              root / "teacher")  # fmt: skip
+    teacher = attn_clip.create_model(tiny_clip_config(**{"text.width": 32}))
+    attn_clip.save_pretrained(teacher, root / "teacher")
     return root
 
 

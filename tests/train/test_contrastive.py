@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _support.train import tiny_clip_config
 from attn_train import StepContext, contrastive_step
 
 
@@ -11,11 +12,8 @@ from attn_train import StepContext, contrastive_step
 def tiny_clip():
     import attn_clip
 
-    config = attn_clip.get_model_config("demo-shapes").to_dict()
-    config["embed_dim"] = 16
-    config["vision"].update(image_size=32, width=32, layers=1)
-    config["text"].update(width=16, layers=1, context_length=8)
-    return attn_clip.create_model(attn_clip.CLIPConfig.from_dict(config)).train()
+    config = tiny_clip_config(embed_dim=16, **{"text.context_length": 8})
+    return attn_clip.create_model(config).train()
 
 
 def grads(model, micro, lock_image=False) -> tuple[float, dict[str, torch.Tensor]]:
