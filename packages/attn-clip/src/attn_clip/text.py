@@ -182,10 +182,10 @@ class TextTransformer(nn.Module):
         c = self.config
         idx = pool_positions(tokens, c.pool_type, c.eos_id) if c.causal else None
         if truncate and idx is not None and tokens.shape[0] > 0:
+            tokens = tokens[:, : int(idx.max()) + 1]  # nothing after it reaches a pooled row
             if self._fast(self.positional_embedding):  # each row up to its own pooled token
                 x = run_causal_pooled(self.blocks, tokens, idx, self._embed)  # (B, D)
                 return self._project(self.ln_final(x))
-            tokens = tokens[:, : int(idx.max()) + 1]  # nothing after it reaches a pooled row
         x = self.forward_features(tokens)
         return self._project(text_global_pool(x, tokens, c.pool_type, c.eos_id))  # (B, D)
 

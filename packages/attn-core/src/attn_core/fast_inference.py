@@ -285,8 +285,9 @@ def run_causal_pooled(
     each row is encoded only up to there. On the fast path, prefixes shared by several rows
     are encoded once (their per-block keys / values reused, as when decoding) and the rest
     of each row runs in groups of similar length (each cut after its longest row).
-    Elsewhere, and inside ``torch.compile`` (the planner is Python over token lists), the
-    batch runs at once, cut after its last pooled token.
+    Elsewhere the batch runs at once, cut after its last pooled token; inside
+    ``torch.compile`` (the planner is Python over token lists) it runs at once uncut, as
+    reading the cut would break the graph here: cut ``tokens`` before calling.
     """
     B, L = tokens.shape
     device = tokens.device
@@ -298,7 +299,7 @@ def run_causal_pooled(
         or not fast_path_available(blocks[0].attn.qkv.weight)
         or torch.compiler.is_compiling()
     ):  # one batch, cut after the last pooled token
-        S = int(pooled.max()) + 1
+        S = L if torch.compiler.is_compiling() else int(pooled.max()) + 1
         positions = torch.arange(S, device=device).expand(B, S)
         return _run(blocks, embed(tokens[:, :S], positions), is_causal=True, rows=pooled)[:, 0]
 
