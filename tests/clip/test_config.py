@@ -110,10 +110,17 @@ def test_timm_tower_with_other_arguments_round_trips():
     assert "timm_model_args" not in cfg.to_open_clip()["vision_cfg"]  # exactly its timm name's
     small = replace(cfg, vision=replace(cfg.vision, layers=2))
     vision_cfg = small.to_open_clip()["vision_cfg"]
-    assert vision_cfg["timm_model_args"]["depth"] == 2
+    assert vision_cfg["timm_model_args"] == {"depth": 2}  # timm.create_model(name, depth=2)
     assert CLIPConfig.from_open_clip(small.to_open_clip()) == small
     with pytest.raises(TypeError, match="timm_model_args"):  # open_clip refuses it, loudly
         open_clip.model.CLIPVisionCfg(**vision_cfg)
+    # folders written before listed timm's arguments in full: they read the same
+    full = dict(img_size=[224, 224], patch_size=16, embed_dim=768, depth=2, num_heads=12,
+                mlp_ratio=4.0, class_token=False, pre_norm=False, init_values=None,
+                act_layer="gelu")  # fmt: skip
+    old = small.to_open_clip()
+    old["vision_cfg"]["timm_model_args"] = full
+    assert CLIPConfig.from_open_clip(old) == small
 
 
 def test_timm_tower_refusals_are_named():
