@@ -123,7 +123,8 @@ def test_image_fast_path_equals_plain_blocks_and_open_clip(h, updates):
 # Inductor compiles 3 small graphs (image: 1; text: 2, as the cut at the pooled token is
 # data-dependent), most of the time importing and warming up the compiler and its C++
 # toolchain: the slowest test here (one layer per tower, one call each: the smallest model
-# that runs every compiled path; 118 s at load 10 on 2 cores, where the old one took 264 s)
+# that runs every compiled path; 62 s with a cold compiler cache at load ~7 on 2 cores, 49 s
+# warm at load ~9, where the old one took 264 s)
 @pytest.mark.slow
 def test_compiled_encoders_equal_eager(h):
     torch.manual_seed(0)
