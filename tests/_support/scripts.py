@@ -1,4 +1,4 @@
-"""Helpers for tests that drive a script or app: its environment, a free port, its exit code
+"""Helpers for tests that drive a script: its environment, a free port, its exit code
 and error lines in process (``cli``), and real processes (``run_script``, ``killed_at``,
 ``torchrun``) for what only a real process shows."""
 
@@ -10,7 +10,9 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -71,12 +73,13 @@ def killed_at(main: Callable[[list[str]], object], argv: Sequence[str], step: in
     import torch
 
     argv = [str(a) for a in argv]
+    log = tempfile.TemporaryFile()  # the child's stdout and stderr, for the failure message
     pid = os.fork()
     if pid == 0:  # the child never returns into pytest
         try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, 1)
-            os.dup2(devnull, 2)
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+            sys.stdout = sys.stderr = open(2, "w", buffering=1, closefd=False)  # (not pytest's)
             save = torch.save
 
             def save_or_die(obj, f, *args, **kwargs):
@@ -86,7 +89,10 @@ def killed_at(main: Callable[[list[str]], object], argv: Sequence[str], step: in
 
             torch.save = save_or_die
             main(argv)
+        except BaseException:
+            traceback.print_exc()
         finally:
+            sys.stderr.flush()
             os._exit(3)  # it ran to the end (or failed): not killed where it should have been
     deadline = time.monotonic() + 300
     while not (waited := os.waitpid(pid, os.WNOHANG))[0]:
@@ -95,8 +101,11 @@ def killed_at(main: Callable[[list[str]], object], argv: Sequence[str], step: in
             os.waitpid(pid, 0)
             raise AssertionError(f"the run was not done after 300 s: {argv}")
         time.sleep(0.02)
+    log.seek(0)
+    output = log.read().decode(errors="replace")[-3000:]
+    log.close()
     status = waited[1]
-    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (status, argv)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (status, output)
 
 
 def torchrun(argv: Sequence[str], nproc: int = 2, cwd: Path | None = None, timeout: float = 600):
