@@ -152,14 +152,15 @@ def save_attention_heatmap(
 
     Returns the blended image (the model's center-cropped input with the heatmap on top).
     """
+    from .images import open_image, to_rgb
     from .transforms import create_transform, resolve_data_config
 
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must be in [0, 1], got {alpha}")
     if not isinstance(image, Image.Image):
-        image = Image.open(image)
+        image = open_image(image)  # the one decoder: EXIF rotation, alpha on white
     transform = transform or create_transform(model)
-    x = transform(image.convert("RGB"))[None]  # (1, 3, H, W)
+    x = transform(to_rgb(image))[None]  # (1, 3, H, W)
     ref = next(model.parameters())
     was_training = model.training
     model.eval()

@@ -67,7 +67,8 @@ class UpdateResult:
         parts = ", ".join(f"{v} {k}" for k, v in counts.items() if v or k == "added")
         more = "".join(f", {v} {k}" for k, v in extra.items() if k != "ranks")
         ranks = f" on {extra['ranks']} ranks" if "ranks" in extra else ""
-        lines = [f"indexed {self.images} images under {self.manifest.root} with "
+        noun = "image" if self.images == 1 else "images"
+        lines = [f"indexed {self.images} {noun} under {self.manifest.root} with "
                  f"{self.manifest.model.describe()}{ranks} ({parts}{more})"]  # fmt: skip
         if self.ann is not None:
             ann, n, dim = self.ann, self.images, self.embeddings.dim
