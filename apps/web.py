@@ -93,17 +93,9 @@ def parse_templates(text: str | None) -> list[str]:
     templates = [t.strip() for t in (text or "").splitlines() if t.strip()]
     if len(templates) > MAX_TEMPLATES:
         raise InputError(f"too many templates: {len(templates)} (at most {MAX_TEMPLATES})")
-    for t in templates:
-        try:
-            ok = "{}" in t and t.format("x") != t
-        except (IndexError, KeyError, ValueError):
-            ok = False
-        if not ok:
-            raise InputError(
-                f"template {t!r} must contain exactly one '{{}}' for the label, e.g. "
-                f"{DEFAULT_TEMPLATE!r}"
-            )
-    return list(dict.fromkeys(templates)) or [DEFAULT_TEMPLATE]
+    from attn_clip.zero_shot import check_templates
+
+    return check_templates(templates) or [DEFAULT_TEMPLATE]
 
 
 def open_upload(path: str | os.PathLike | None, what: str = "image") -> Any:

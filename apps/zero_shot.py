@@ -78,17 +78,9 @@ def read_labels(args: argparse.Namespace) -> list[str]:
 
 def read_templates(args: argparse.Namespace) -> list:
     if args.template:
-        for t in args.template:
-            try:
-                ok = "{}" in t and t.format("x") != t
-            except (IndexError, KeyError, ValueError):
-                ok = False
-            if not ok:
-                raise InputError(
-                    f"--template {t!r} must contain exactly one '{{}}' for the label, e.g. "
-                    f"{DEFAULT_TEMPLATE!r}"
-                )
-        return list(dict.fromkeys(args.template))
+        from attn_clip.zero_shot import check_templates
+
+        return check_templates(args.template, "--template")
     if args.imagenet:
         import attn_clip
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from attn_core.errors import InputError
 
 from .model import CLIP
 
@@ -28,6 +29,7 @@ __all__ = [
     "OPENAI_IMAGENET_TEMPLATES",
     "SIMPLE_TEMPLATES",
     "build_zero_shot_classifier",
+    "check_templates",
     "evaluate_zero_shot",
     "match_probability",
     "predict",
@@ -46,6 +48,24 @@ OPENAI_IMAGENET_TEMPLATES: tuple[Callable[[str], str], ...] = tuple(
 )
 IMAGENET_CLASSNAMES: tuple[str, ...] = tuple(_METADATA["imagenet_classnames"])
 SIMPLE_TEMPLATES: tuple[str, ...] = ("a photo of a {}.",)
+
+
+def check_templates(templates: Iterable[str], what: str = "template") -> list[str]:
+    """``templates`` in order with repeats dropped, each checked to hold exactly one ``{}``
+    for the class name; otherwise an InputError (a ValueError) naming ``what`` (the apps
+    pass their option, ``--template``)."""
+    templates = list(templates)
+    for t in templates:
+        try:
+            ok = "{}" in t and t.format("x") != t
+        except (IndexError, KeyError, ValueError):  # "{0}{1}", "{name}", "{" ...
+            ok = False
+        if not ok:
+            raise InputError(
+                f"{what} {t!r} must contain exactly one '{{}}' for the label, e.g. "
+                f"{SIMPLE_TEMPLATES[0]!r}"
+            )
+    return list(dict.fromkeys(templates))
 
 
 def _fill(template: Template, classname: str) -> str:
