@@ -49,9 +49,10 @@ def shapes_data(tmp_path_factory) -> Path:
 def exported(export_script, tiny_folder, shapes_data, tmp_path_factory):
     """Run the CLI once (one ONNX export for everything): ``--format onnx openvino
     --quantize int8 int8-static`` on the tiny folder, calibrated on 24 shapes images. (The
-    longest set-up of tests/scripts, over 20 s: torch.onnx's exporter (torch.export and its
-    decompositions, about half), OpenVINO's converter and NNCF's calibration each cost
-    seconds per graph whatever the model's size; every test below reads this one run.)"""
+    longest set-up of tests/scripts, ~16 s on 2 busy cores: torch.onnx's exporter
+    (torch.export and its decompositions, about half), OpenVINO's converter and NNCF's
+    calibration each cost seconds per graph whatever the model's size (one block less saves
+    ~15%); every test below reads this one run.)"""
     for module in ("onnxruntime", "openvino", "nncf"):
         pytest.importorskip(module)
     tmp = tmp_path_factory.mktemp("export")
