@@ -139,8 +139,10 @@ def corpus(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def runs(data, corpus, tmp_path_factory) -> Path:
-    """The worker's runs. (The launch is the longest part of the file: 2 interpreters that
-    import torch and the packages, then 12 short trainings, each of which every test reads.)"""
+    """The worker's runs. (The longest set-up of tests/train, ~29 s on 2 busy cores: two
+    interpreters that import torch and the packages, then 12 short trainings and 3 refused
+    resumes, 5 of them FSDP runs whose sharded checkpoints cost ~0.5 s each save; it replaces
+    5 launches.)"""
     out = tmp_path_factory.mktemp("runs")
     torchrun([__file__, out, data, corpus], cwd=out)
     return out
