@@ -13,10 +13,10 @@ the pool). Parameter names are timm's (``stem.{0,1}``, ``stages.{i}.downsample.{
 
 Inference fast path (``fast_inference`` of the blocks and MLPs, on by default; switched for a
 whole model by :func:`attn_core.fast_inference.enable` / ``disable``): the depthwise
-convolutions and the MLPs' Linear layers run through :func:`attn_core.fast_inference.conv_bn_act` /
-:func:`~attn_core.fast_inference.linear_act` (oneDNN, pre-packed weights, GELU fused,
-channels-last) where they apply (CPU, eval, no autograd); elsewhere the same calls run the
-modules, so there is one forward.
+convolutions and the MLPs' Linear layers run through
+:func:`attn_core.fast_inference.conv_bn_act` / :func:`~attn_core.fast_inference.linear_act`
+(oneDNN, pre-packed weights, GELU fused, channels-last) where they apply (CPU, eval, no
+autograd); elsewhere the same calls run the modules, so there is one forward.
 """
 
 from __future__ import annotations
