@@ -79,8 +79,9 @@ def worker(out: Path, data: Path, corpus: Path) -> None:
     fv.main([*vit, "--drop-path", "0", "--out", str(out / "vit_ddp_no_drop_path")])
     fv.main([*vit, "--out", str(out / "vit_ddp")])
     fv.main([*vit, "--fsdp", "--out", str(out / "vit_fsdp")])
-    fv.main([*vit, "--precision", "bf16", "--out", str(out / "vit_ddp_bf16")])
-    fv.main([*vit, "--precision", "bf16", "--fsdp", "--out", str(out / "vit_fsdp_bf16")])
+    bf16 = [*vit, "--precision", "bf16", "--save-every", "100"]  # read: losses, last weights
+    fv.main([*bf16, "--out", str(out / "vit_ddp_bf16")])
+    fv.main([*bf16, "--fsdp", "--out", str(out / "vit_fsdp_bf16")])
     stopped = [*vit, "--fsdp", "--out", str(out / "vit_resumed")]
     try:  # a NaN at update 3 stops every rank; last/ holds update 2
         fv.main([*stopped, "--debug-nan-at-step", "3"])
