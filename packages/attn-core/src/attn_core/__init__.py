@@ -4,8 +4,8 @@
 ``scaled_dot_product_attention()`` is the readable reference that returns weights.
 Mask convention: ``attn_mask`` bool True = may attend (float = additive);
 ``key_padding_mask`` bool True = padding. See docs/attention.md.
-``fast_inference`` runs TransformerBlock stacks for inference with fused CPU kernels (opt-in
-per model).
+``fast_inference`` runs blocks for inference with fused CPU (oneDNN) kernels, switched for a
+whole model by one call (``fast_inference.enable(model)`` / ``disable(model)``).
 
 Names are imported on first use (PEP 562): ``import attn_core.cli`` or ``attn_core.errors``
 (what every app and script imports first) does not import torch.
