@@ -164,10 +164,6 @@ def single(data, tmp_path_factory) -> Path:
     return out
 
 
-def losses(out: Path) -> dict[int, float]:
-    return step_losses(out)
-
-
 def evals(out: Path) -> list[dict]:
     """The metrics of every evaluation (numbers only)."""
     skip = ("time", "event")
@@ -205,7 +201,7 @@ def test_two_processes_equal_one_process(runs, single, ddp, one, atol):
         start["world_size"] == 2
         and start["global_batch"] == records(single / one)[0]["global_batch"]
     )
-    a, b = losses(single / one), losses(runs / ddp)
+    a, b = step_losses(single / one), step_losses(runs / ddp)
     assert a.keys() == b.keys() and len(a) >= 3
     for k in a:  # the loss gathered over both ranks is the one-process loss
         assert b[k] == pytest.approx(a[k], rel=1e-5), k
@@ -217,7 +213,7 @@ def test_two_processes_equal_one_process(runs, single, ddp, one, atol):
 
 def test_train_translation_runs_under_torchrun(runs):
     out = runs / "translation_ddp"
-    assert records(out)[0]["world_size"] == 2 and max(losses(out)) == 4
+    assert records(out)[0]["world_size"] == 2 and max(step_losses(out)) == 4
     state = torch.load(out / "last" / "trainer_state.pt", weights_only=True)
     assert len(state["rng"]) == 2 and state["progress"]["step"] == 4
 
@@ -229,7 +225,7 @@ def test_fsdp_equals_ddp(runs):
     for name in ("vit", "clip"):
         ddp, fsdp = runs / f"{name}_ddp", runs / f"{name}_fsdp"
         assert records(fsdp)[0]["world_size"] == 2
-        a, b = losses(ddp), losses(fsdp)
+        a, b = step_losses(ddp), step_losses(fsdp)
         assert a.keys() == b.keys() and len(a) >= 3
         for k in a:
             assert b[k] == pytest.approx(a[k], rel=1e-6, abs=1e-6), (name, k)
@@ -246,7 +242,7 @@ def test_fsdp_equals_ddp(runs):
 def test_fsdp_bf16_mixed_precision_trains_like_ddp_bf16(runs):
     ddp, fsdp = runs / "vit_ddp_bf16", runs / "vit_fsdp_bf16"
     assert records(fsdp)[0]["precision"] == "bf16"
-    a, b = losses(ddp), losses(fsdp)
+    a, b = step_losses(ddp), step_losses(fsdp)
     assert a.keys() == b.keys()
     for k in a:  # bf16 weights in the forward vs fp32 weights under autocast
         assert b[k] == pytest.approx(a[k], rel=2e-2)
@@ -265,7 +261,7 @@ def test_stopped_run_resumes_to_the_uninterrupted_weights(runs):
     assert sum(r.get("event") == "nonfinite_loss" for r in records(out)) == 1
     resumed = [r for r in records(out) if r.get("event") == "resume"]
     assert len(resumed) == 1 and resumed[0]["step"] == 2
-    assert losses(out) == losses(runs / "vit_fsdp")  # steps 3, 4 logged by the resumed run
+    assert step_losses(out) == step_losses(runs / "vit_fsdp")  # 3, 4 logged by the resumed run
     straight, again = weights(runs / "vit_fsdp/last"), weights(out / "last")
     assert all(torch.equal(straight[k], again[k]) for k in straight)
 
