@@ -6,7 +6,9 @@ and logits equal at 1e-4.
 Full width, depth cut (ConvNeXt: 1, 1, 2, 1 blocks per stage through timm's
 ``create_model``; ResNet: one bottleneck per stage; text: 2 blocks). BatchNorm statistics
 and every norm / bias are perturbed so a swapped or missing one cannot hide. The names and
-shapes of every config at full depth are checked on the meta device in test_convert.py."""
+shapes of every config at full depth are checked on the meta device in test_convert.py.
+Each reference is built once per module (``reference``) and only read; the logits come
+from the embeddings as ``forward`` computes them."""
 
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ import open_clip
 import pytest
 import timm
 import torch
+import torch.nn.functional as F
+from _support.models import memoized
 from attn_clip import create_model, save_pretrained, to_open_clip
 from safetensors.torch import load_file, save_file
 from torch.testing import assert_close
@@ -30,11 +34,8 @@ CASES = [
     ("convnext_base", "timm_proj linear, 224 px", "open_clip_pytorch_model.bin"),
     ("convnext_large_d", "timm_proj mlp, 256 px", "open_clip_model.safetensors"),
     ("RN50", "RN50 widths, GELU text", "open_clip_pytorch_model.bin"),
-    pytest.param(
-        "RN50x4-quickgelu", "RN50x4 widths, 288 px, QuickGELU", "open_clip_model.safetensors",
-        marks=pytest.mark.slow,
-    ),
-]  # fmt: skip
+    ("RN50x4-quickgelu", "RN50x4 widths, 288 px, QuickGELU", "open_clip_model.safetensors"),
+]
 
 
 @torch.no_grad()
@@ -49,24 +50,34 @@ def _perturb(model: torch.nn.Module) -> torch.nn.Module:
     return model.eval()
 
 
-def open_clip_family(name: str, monkeypatch) -> tuple[torch.nn.Module, dict]:
+def open_clip_family(name: str) -> tuple[torch.nn.Module, dict]:
     """open_clip's CLIP for ``name`` with the shrunk depths, perturbed, in eval mode, and
     the ``create_model`` overrides that build ours the same."""
     cfg = copy.deepcopy(open_clip.get_model_config(name))
     cfg["text_cfg"]["layers"] = TEXT_LAYERS
     overrides: dict = {"text": {"layers": TEXT_LAYERS}}
-    if name.startswith("convnext"):
-        monkeypatch.setattr(
-            timm, "create_model", functools.partial(timm.create_model, depths=CONVNEXT_DEPTHS)
-        )
-        overrides["vision"] = {"convnext": {"depths": CONVNEXT_DEPTHS}}
-    else:
-        cfg["vision_cfg"]["layers"] = list(RESNET_LAYERS)
-        overrides["vision"] = {"layers": RESNET_LAYERS}
-    torch.manual_seed(0)
-    ref = _perturb(open_clip.model.CLIP(**cfg))
-    monkeypatch.undo()
+    with pytest.MonkeyPatch.context() as mp:
+        if name.startswith("convnext"):
+            depths = functools.partial(timm.create_model, depths=CONVNEXT_DEPTHS)
+            mp.setattr(timm, "create_model", depths)
+            overrides["vision"] = {"convnext": {"depths": CONVNEXT_DEPTHS}}
+        else:
+            cfg["vision_cfg"]["layers"] = list(RESNET_LAYERS)
+            overrides["vision"] = {"layers": RESNET_LAYERS}
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            ref = _perturb(open_clip.model.CLIP(**cfg))
     return ref, overrides
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """``reference(name) -> (ref, overrides)``, each built once in this module (read only)."""
+    return memoized(open_clip_family)
+
+
+def _normalize(x: torch.Tensor) -> torch.Tensor:
+    return F.normalize(x, dim=-1)
 
 
 def _inputs(ref: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,13 +88,13 @@ def _inputs(ref: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.mark.parametrize(("name", "what", "filename"), CASES)
-def test_open_clip_checkpoint_files(tmp_path, monkeypatch, name, what, filename):
-    ref, overrides = open_clip_family(name, monkeypatch)
+def test_open_clip_checkpoint_files(tmp_path, reference, name, what, filename):
+    ref, overrides = reference(name)
     images, tokens = _inputs(ref)
     with torch.no_grad():
         ref_image, ref_text = ref.encode_image(images), ref.encode_text(tokens)
-        image_n, text_n, scale = ref(images, tokens)[:3]  # normalized, exp(logit_scale)
-        ref_logits = scale * image_n @ text_n.T
+        # open_clip's get_logits, from the embeddings above
+        ref_logits = ref.logit_scale.exp() * _normalize(ref_image) @ _normalize(ref_text).T
     assert not torch.allclose(ref_image[0], ref_image[1])  # the images tell apart
     sd = {k: v.contiguous() for k, v in ref.state_dict().items()}
     head = "visual.head.mlp.fc1.weight" if name == "convnext_large_d" else "visual.head.proj.weight"
@@ -96,20 +107,20 @@ def test_open_clip_checkpoint_files(tmp_path, monkeypatch, name, what, filename)
     ours = create_model(name, pretrained=str(path), **overrides)
     assert ours.config.quick_gelu == name.endswith("-quickgelu")
     with torch.no_grad():
-        out = ours(images, tokens)
         image, text = ours.encode_image(images), ours.encode_text(tokens)
+        per_image = ours.logits(_normalize(image), _normalize(text))[0]
     assert_close(image, ref_image, **TOL)
     assert_close(text, ref_text, **TOL)
-    assert_close(out.logits_per_image, ref_logits, **TOL)
+    assert_close(per_image, ref_logits, **TOL)
     # back to open_clip's names: every tensor where open_clip has it
     back = to_open_clip(ours.state_dict())
     assert back.keys() == sd.keys()
     assert all(torch.equal(back[k], v) for k, v in sd.items())
 
 
-def test_resnet_save_pretrained_loads_in_open_clip(tmp_path, monkeypatch):
+def test_resnet_save_pretrained_loads_in_open_clip(tmp_path, reference):
     """A ResNet CLIP's folder is plain open_clip: open_clip builds and loads it as is."""
-    ref, overrides = open_clip_family("RN50", monkeypatch)
+    ref, overrides = reference("RN50")
     path = tmp_path / "w.safetensors"
     save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, str(path))
     ours = create_model("RN50", pretrained=str(path), **overrides)
@@ -124,11 +135,10 @@ def test_resnet_save_pretrained_loads_in_open_clip(tmp_path, monkeypatch):
         assert_close(twin.encode_text(tokens), ref.encode_text(tokens), **TOL)
 
 
-@pytest.mark.slow
-def test_convnext_save_pretrained_round_trips(tmp_path, monkeypatch):
+def test_convnext_save_pretrained_round_trips(tmp_path, monkeypatch, reference):
     """A shrunk ConvNeXt CLIP's folder names its timm depths (``timm_model_args``): ours
     loads it back exactly; open_clip, given the same timm depths, reads its weights."""
-    ref, overrides = open_clip_family("convnext_large_d", monkeypatch)
+    ref, overrides = reference("convnext_large_d")
     path = tmp_path / "w.safetensors"
     save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, str(path))
     ours = create_model("convnext_large_d", pretrained=str(path), **overrides)
@@ -149,10 +159,10 @@ def test_convnext_save_pretrained_round_trips(tmp_path, monkeypatch):
         assert torch.equal(back.encode_image(images), ours.encode_image(images))
 
 
-def test_missing_batchnorm_counters_are_filled(tmp_path, monkeypatch):
+def test_missing_batchnorm_counters_are_filled(tmp_path, reference):
     """Checkpoints without BatchNorm's ``num_batches_tracked`` load (zeros, unused in eval);
     any other missing tensor is still named."""
-    ref, overrides = open_clip_family("RN50", monkeypatch)
+    ref, overrides = reference("RN50")
     sd = {k: v for k, v in ref.state_dict().items() if not k.endswith("num_batches_tracked")}
     ours = create_model("RN50", pretrained=_save(tmp_path, sd), **overrides)
     images, _ = _inputs(ref)
