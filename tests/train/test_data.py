@@ -189,3 +189,25 @@ def test_a_csv_whose_images_are_all_missing_or_unreadable_is_refused(root, tmp_p
     good.write_text(f"filepath,title\n{truncated},a\n{root / first},b\n")
     CsvImageTextDataset(good).check_readable()  # one readable image is enough
     ImageFolderDataset(root / "heldout").check_readable()
+
+
+def test_image_folder_matches_torchvision(tmp_path):
+    """The same classes, class indices, samples and order as torchvision's ImageFolder
+    (which attn_train no longer imports): nested folders, upper-case extensions, files that
+    are not images, a hidden folder, a class folder without images."""
+    from torchvision.datasets import ImageFolder
+
+    for rel in ["b_cls/x.png", "b_cls/sub/deeper/a.JPG", "b_cls/notes.txt", "a_cls/2.webp",
+                "a_cls/10.jpeg", ".hidden/z.png", "c_cls/sub/y.bmp"]:  # fmt: skip
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"")
+    ours, ref = ImageFolderDataset(tmp_path), ImageFolder(str(tmp_path))
+    assert (ours.classes, ours.class_to_idx) == (ref.classes, ref.class_to_idx)
+    assert ours.samples == ref.samples and ours.targets == ref.targets and len(ours) == len(ref)
+    (tmp_path / "d_cls").mkdir()  # a class with no image: both refuse, the same way
+    with pytest.raises(FileNotFoundError, match="no valid file for the classes d_cls"):
+        ImageFolder(str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="no valid file for the classes d_cls"):
+        ImageFolderDataset(tmp_path)
+    with pytest.raises(FileNotFoundError, match="Couldn't find any class folder"):
+        ImageFolderDataset(tmp_path / "b_cls" / "sub" / "deeper")

@@ -7,7 +7,8 @@
   path column (``filepath``) and a caption column (``title``), comma- or tab-separated
   (detected from the header), paths relative to the CSV's folder. Items are
   ``(image, caption)``; with a tokenizer the caption becomes its ``(L,)`` token ids.
-* :class:`ImageFolderDataset` -- torchvision's ``ImageFolder`` (``root/<class>/<img>``),
+* :class:`ImageFolderDataset` -- torchvision's ``ImageFolder`` layout and order
+  (``root/<class>/<img>``; not importing torchvision, which pulls in dynamo and inductor),
   optionally with a fixed list of class names so a folder holding only some classes
   (held-out ones) is labelled against the full list.
 
@@ -38,7 +39,6 @@ import torch
 from attn_vision.images import ImageError, open_image, read_captions_csv
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_collate
-from torchvision.datasets import ImageFolder
 
 from .distributed import Distributed
 
@@ -261,8 +261,14 @@ class CsvImageTextDataset(_SkipAndSeed, Dataset):
         return img, text
 
 
-class ImageFolderDataset(_SkipAndSeed, ImageFolder):
-    """torchvision ``ImageFolder`` that skips unreadable images (returns ``None``).
+# torchvision's ImageFolder extensions (``torchvision.datasets.folder.IMG_EXTENSIONS``)
+FOLDER_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+class ImageFolderDataset(_SkipAndSeed, Dataset):
+    """torchvision's ``ImageFolder`` (``root/<class>/<img>``: the same classes, samples and
+    order, ``classes`` / ``class_to_idx`` / ``samples`` (``imgs``) / ``targets``) that skips
+    unreadable images (returns ``None``).
 
     ``classnames``: the full, ordered class list. Folder names are matched to it with
     ``_`` read as a space (``red_circle`` -> ``"red circle"``), so a folder holding only
@@ -276,10 +282,37 @@ class ImageFolderDataset(_SkipAndSeed, ImageFolder):
         transform: Callable[[Image.Image], Any] | None = None,
         classnames: Sequence[str] | None = None,
         seed: int | None = None,
+        target_transform: Callable[[int], Any] | None = None,
     ) -> None:
         self._classnames = list(classnames) if classnames is not None else None
         self._init_common(seed)
-        super().__init__(str(root), transform=transform, allow_empty=classnames is not None)
+        self.root, self.transform, self.target_transform = str(root), transform, target_transform
+        self.classes, self.class_to_idx = self.find_classes(self.root)
+        self.samples = self._find_samples(allow_empty=classnames is not None)
+        self.targets = [target for _, target in self.samples]
+        self.imgs = self.samples  # torchvision's alias
+
+    def _find_samples(self, allow_empty: bool) -> list[tuple[str, int]]:
+        """``(path, class index)`` in torchvision's ``make_dataset`` order: class folders
+        sorted, then ``os.walk`` (links followed) sorted, then file names sorted."""
+        samples, found = [], set()
+        for folder in sorted(self.class_to_idx):
+            target_dir = os.path.join(self.root, folder)
+            for dirpath, _, names in sorted(os.walk(target_dir, followlinks=True)):
+                for name in sorted(names):
+                    if name.lower().endswith(FOLDER_EXTENSIONS):
+                        samples.append((os.path.join(dirpath, name), self.class_to_idx[folder]))
+                        found.add(folder)
+        empty = sorted(set(self.class_to_idx) - found)
+        if empty and not allow_empty:
+            raise FileNotFoundError(
+                f"Found no valid file for the classes {', '.join(empty)}. "
+                f"Supported extensions are: {', '.join(FOLDER_EXTENSIONS)}"
+            )
+        return samples
+
+    def __len__(self) -> int:
+        return len(self.samples)
 
     @property
     def source(self) -> str:
@@ -289,7 +322,10 @@ class ImageFolderDataset(_SkipAndSeed, ImageFolder):
         return [path for path, _ in self.samples]
 
     def find_classes(self, directory: str | os.PathLike) -> tuple[list[str], dict[str, int]]:
-        folders, _ = super().find_classes(directory)
+        with os.scandir(directory) as entries:  # FileNotFoundError for a missing root
+            folders = sorted(e.name for e in entries if e.is_dir())
+        if not folders:
+            raise FileNotFoundError(f"Couldn't find any class folder in {directory}.")
         if self._classnames is None:
             return folders, {name: i for i, name in enumerate(folders)}
         index = {name.replace("_", " "): i for i, name in enumerate(self._classnames)}
