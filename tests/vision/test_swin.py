@@ -18,11 +18,11 @@ from safetensors.torch import save_file
 
 TOL = dict(atol=1e-4, rtol=1e-4)
 
-# Every Swin preset. swin_tiny runs as it is; the others get two blocks per stage (one
-# shifted), and the two widest also half the input size, where the full model would cost
-# seconds per forward on 2 CPU cores. timm gets the same overrides.
+# Every Swin preset at full width with two blocks per stage (one shifted; the widest one),
+# and the two widest also half the input size, where the full model would cost seconds per
+# forward on 2 CPU cores. timm gets the same overrides.
 SWIN_CASES = {
-    "swin_tiny_patch4_window7_224": {},
+    "swin_tiny_patch4_window7_224": {"depths": (2, 2, 2, 2)},
     "swin_small_patch4_window7_224": {"depths": (2, 2, 2, 2)},
     "swin_base_patch4_window7_224": {"depths": (2, 2, 2, 2)},
     "swin_large_patch4_window7_224": {"depths": (2, 2, 2, 2), "img_size": 112},

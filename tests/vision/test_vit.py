@@ -15,10 +15,10 @@ from attn_vision import PatchEmbed, VisionTransformer, ViTConfig, create_model, 
 TOL = dict(atol=1e-4, rtol=1e-4)
 
 # Presets at full width, depth (and for fixed-size models img_size) cut where a full forward
-# would cost seconds on 2 CPU cores. The same overrides go to timm and to us. Full-depth
-# vit_base_patch16_224 is the slow test.
+# would cost seconds on 2 CPU cores. The same overrides go to timm and to us. Every preset's
+# full-depth names and shapes are checked against timm in tests/vision/test_vit_zoo.py.
 VIT_CASES = {
-    "vit_tiny_patch16_224": {},
+    "vit_tiny_patch16_224": {"depth": 2},
     "vit_small_patch16_224": {"depth": 4},
     "vit_small_patch32_224": {"depth": 4},
     "vit_base_patch32_224": {"depth": 4},
@@ -51,14 +51,6 @@ def test_vit_matches_timm(name, timm_checkpoint, assert_parity) -> None:
     ours = create_model(name, pretrained=path, **overrides).eval()
     size = ours.patch_embed.img_size
     assert_parity(ref, ours, torch.randn(1, 3, *size))
-
-
-@pytest.mark.slow
-def test_vit_base_full_depth_matches_timm(timm_checkpoint, assert_parity) -> None:
-    ref, path = timm_checkpoint("vit_base_patch16_224")
-    ours = create_model("vit_base_patch16_224", pretrained=path).eval()
-    assert len(ours.blocks) == 12
-    assert_parity(ref, ours, torch.randn(1, 3, 224, 224))
 
 
 def test_img_size_override_resamples_pos_embed_like_timm(timm_checkpoint, assert_parity) -> None:
