@@ -71,10 +71,27 @@ def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.float() - b.float()).abs().max().item()
 
 
-def open_clip_inputs(ref: torch.nn.Module, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+# the text vocabulary of the shrunk-depth parity models: the embedding is a lookup, and
+# each preset's full-size table is checked on the meta device (tests/clip/test_convert.py)
+SMALL_VOCAB = 4096
+
+
+def small_vocab(tokens: torch.Tensor, vocab: int = SMALL_VOCAB) -> torch.Tensor:
+    """CLIP tokens folded into ``vocab`` ids: padding stays 0, end-of-text (49407, the
+    largest id, where argmax pooling reads) becomes ``vocab - 1``, the rest ``id % (vocab - 1)``."""
+    out = tokens % (vocab - 1)
+    out[tokens == 49407] = vocab - 1
+    return out
+
+
+def open_clip_inputs(
+    ref: torch.nn.Module, name: str, vocab: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Two random images at ``ref``'s size and three captions in open_clip's tokenization
-    for the config ``name``."""
+    for the config ``name`` (folded into ``vocab`` ids when given: ``small_vocab``)."""
     tokens = open_clip.get_tokenizer(name)(["a photo of a dog", "a cat on a mat", ""])
+    if vocab is not None:
+        tokens = small_vocab(tokens, vocab)
     return torch.randn(2, 3, *ref.visual.image_size), tokens
 
 

@@ -3,12 +3,14 @@ classifier ``head`` is the projection, open_clip's text tower under ``text.``) s
 open_clip's on-disk formats, loaded through ``create_model``, fp32 image and text
 embeddings and logits equal at 1e-4.
 
-Full width, 2 blocks per tower (timm's ``depth`` passed through its ``create_model``).
-EVA02-B-16: 2D RoPE, SwiGLU with separate ``fc1_x`` / ``fc1_g``, inner norms, separate
-``q_proj`` / ``k_proj`` / ``v_proj``; EVA01-g-14: a plain ViT with a fused ``qkv`` and
-``q_bias`` / ``v_bias``, 1408 wide; EVA02-L-14-336 (slow): the RoPE positions of its 24 x 24
-grid scaled onto the 16 x 16 reference grid. The names and shapes of every config at full
-depth are checked on the meta device in test_convert.py."""
+Full width, 2 blocks per tower (timm's ``depth`` passed through its ``create_model``), the
+text vocabulary cut to ``SMALL_VOCAB`` rows (captions folded into it, end-of-text last);
+each reference built once per module and only read. EVA02-B-16: 2D RoPE, SwiGLU with
+separate ``fc1_x`` / ``fc1_g``, inner norms, separate ``q_proj`` / ``k_proj`` / ``v_proj``;
+EVA01-g-14: a plain ViT with a fused ``qkv`` and ``q_bias`` / ``v_bias``, 1408 wide;
+EVA02-L-14-336: the RoPE positions of its 24 x 24 grid scaled onto the 16 x 16 reference
+grid. The names and shapes of every config at full depth are checked on the meta device
+in test_convert.py."""
 
 from __future__ import annotations
 
@@ -19,6 +21,9 @@ import open_clip
 import pytest
 import timm
 import torch
+import torch.nn.functional as F
+from _support.clip import SMALL_VOCAB
+from _support.models import memoized
 from attn_clip import CLIPConfig, create_model, get_model_config, save_pretrained, to_open_clip
 from safetensors.torch import load_file
 from torch.testing import assert_close
@@ -29,26 +34,26 @@ DEPTH = 2
 CASES = [
     ("EVA02-B-16", "open_clip_model.safetensors"),
     ("EVA01-g-14", "open_clip_pytorch_model.bin"),
-    pytest.param("EVA02-L-14-336", "open_clip_model.safetensors", marks=pytest.mark.slow),
+    ("EVA02-L-14-336", "open_clip_model.safetensors"),
 ]
 
 
 def _open_clip_config(name: str) -> dict:
     cfg = copy.deepcopy(open_clip.get_model_config(name))
     cfg.pop("custom_text")
-    cfg["text_cfg"]["layers"] = DEPTH
+    cfg["text_cfg"].update(layers=DEPTH, vocab_size=SMALL_VOCAB)
     return cfg
 
 
-def _open_clip_eva(name: str, monkeypatch, custom_text: bool = True) -> torch.nn.Module:
+def _open_clip_eva(name: str, custom_text: bool = True) -> torch.nn.Module:
     """open_clip's model for ``name`` with DEPTH blocks per tower, norms and biases
     perturbed (so a swapped or missing one cannot hide), in eval mode."""
     cfg = _open_clip_config(name)
-    monkeypatch.setattr(timm, "create_model", functools.partial(timm.create_model, depth=DEPTH))
-    torch.manual_seed(0)
     model_cls = open_clip.model.CustomTextCLIP if custom_text else open_clip.model.CLIP
-    ref = model_cls(**cfg)
-    monkeypatch.undo()
+    with pytest.MonkeyPatch.context() as mp, torch.random.fork_rng():
+        mp.setattr(timm, "create_model", functools.partial(timm.create_model, depth=DEPTH))
+        torch.manual_seed(0)
+        ref = model_cls(**cfg)
     with torch.no_grad():
         for p in ref.parameters():
             if p.ndim <= 1:
@@ -58,17 +63,27 @@ def _open_clip_eva(name: str, monkeypatch, custom_text: bool = True) -> torch.nn
     return ref.eval()
 
 
-OVERRIDES = {"vision": {"layers": DEPTH}, "text": {"layers": DEPTH}}
+def _normalize(x: torch.Tensor) -> torch.Tensor:
+    return F.normalize(x, dim=-1)
+
+
+OVERRIDES = {"vision": {"layers": DEPTH}, "text": {"layers": DEPTH, "vocab_size": SMALL_VOCAB}}
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """``reference(name)``: ``_open_clip_eva(name)``, built once in this module (read only)."""
+    return memoized(_open_clip_eva)
 
 
 @pytest.mark.parametrize(("name", "filename"), CASES)
-def test_open_clip_eva_checkpoint_files(tmp_path, monkeypatch, name, filename, h):
-    ref = _open_clip_eva(name, monkeypatch)
-    images, tokens = h.open_clip_inputs(ref, "EVA02-B-16")
+def test_open_clip_eva_checkpoint_files(tmp_path, reference, name, filename, h):
+    ref = reference(name)
+    images, tokens = h.open_clip_inputs(ref, "EVA02-B-16", SMALL_VOCAB)
     with torch.no_grad():
         ref_image, ref_text = ref.encode_image(images), ref.encode_text(tokens)
-        image_n, text_n, scale = ref(images, tokens)[:3]  # normalized, exp(logit_scale)
-        ref_logits = scale * image_n @ text_n.T
+        # open_clip's get_logits, from the embeddings above
+        ref_logits = ref.logit_scale.exp() * _normalize(ref_image) @ _normalize(ref_text).T
     assert not torch.allclose(ref_image[0], ref_image[1])  # the images tell apart
     sd = ref.state_dict()
     assert "visual.trunk.head.bias" in sd  # timm's classifier is the projection
@@ -80,10 +95,10 @@ def test_open_clip_eva_checkpoint_files(tmp_path, monkeypatch, name, filename, h
     assert (v.proj_type, v.eva["rope"], v.eva["qkv_fused"]) == ("head", rope, not rope)
     with torch.no_grad():
         image, text = ours.encode_image(images), ours.encode_text(tokens)
-        out = ours(images, tokens)
+        per_image = ours.logits(_normalize(image), _normalize(text))[0]  # as forward does
     assert_close(image, ref_image, **TOL)
     assert_close(text, ref_text, **TOL)
-    assert_close(out.logits_per_image, ref_logits, **TOL)
+    assert_close(per_image, ref_logits, **TOL)
     ours.set_fast_inference(False)  # the plain modules give the same
     with torch.no_grad():
         assert_close(ours.encode_image(images), ref_image, **TOL)
@@ -95,11 +110,11 @@ def test_open_clip_eva_checkpoint_files(tmp_path, monkeypatch, name, filename, h
     assert all(torch.equal(back[k], t) for k, t in want.items())
 
 
-def test_eva_save_pretrained_round_trips_and_loads_in_open_clip(tmp_path, monkeypatch, h):
+def test_eva_save_pretrained_round_trips_and_loads_in_open_clip(tmp_path, reference, h):
     """save_pretrained writes open_clip's layout with timm Eva's block names; the shrunk
     tower's timm arguments go to ``timm_model_args`` (attn_clip reads them back exactly;
     open_clip, given the same depth, loads the weights)."""
-    ref = _open_clip_eva("EVA02-B-16", monkeypatch)
+    ref = reference("EVA02-B-16")
     path = h.save_checkpoint(ref.state_dict(), tmp_path / "w.safetensors")
     ours = create_model("EVA02-B-16", pretrained=path, **OVERRIDES)
     save_pretrained(ours, tmp_path / "saved")
@@ -109,9 +124,9 @@ def test_eva_save_pretrained_round_trips_and_loads_in_open_clip(tmp_path, monkey
         assert torch.equal(back.state_dict()[k], t), k
     vision_cfg = ours.config.to_open_clip()["vision_cfg"]
     assert vision_cfg["timm_proj"] is None and vision_cfg["timm_model_args"]["depth"] == DEPTH
-    twin = _open_clip_eva("EVA02-B-16", monkeypatch, custom_text=False)
+    twin = _open_clip_eva("EVA02-B-16", custom_text=False)
     twin.load_state_dict(load_file(str(tmp_path / "saved" / "open_clip_model.safetensors")))
-    images, tokens = h.open_clip_inputs(ref, "EVA02-B-16")
+    images, tokens = h.open_clip_inputs(ref, "EVA02-B-16", SMALL_VOCAB)
     with torch.no_grad():
         assert_close(twin.encode_image(images), ref.encode_image(images), **TOL)
         assert_close(twin.encode_text(tokens), ref.encode_text(tokens), **TOL)
@@ -148,8 +163,8 @@ def test_eva_configs_and_refusals():
         type(v)(act="swiglu")
 
 
-def test_incomplete_eva_block_is_named(tmp_path, monkeypatch, h):
-    ref = _open_clip_eva("EVA02-B-16", monkeypatch)
+def test_incomplete_eva_block_is_named(tmp_path, reference, h):
+    ref = reference("EVA02-B-16")
     sd = dict(ref.state_dict())
     del sd["visual.trunk.blocks.1.attn.k_proj.weight"]
     path = h.save_checkpoint(sd, tmp_path / "w.bin")
