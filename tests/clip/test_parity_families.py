@@ -4,7 +4,8 @@ real on-disk formats, loaded through ``create_model``, fp32 image and text embed
 and logits equal at 1e-4.
 
 Full width, depth cut (ConvNeXt: 1, 1, 2, 1 blocks per stage through timm's
-``create_model``; ResNet: one bottleneck per stage; text: 2 blocks). BatchNorm statistics
+``create_model``; ResNet: one bottleneck per stage; text: 2 blocks, its vocabulary cut to
+``SMALL_VOCAB`` rows, captions folded into it). BatchNorm statistics
 and every norm / bias are perturbed so a swapped or missing one cannot hide. The names and
 shapes of every config at full depth are checked on the meta device in test_convert.py.
 Each reference is built once per module (``reference``) and only read; the logits come
@@ -20,6 +21,7 @@ import pytest
 import timm
 import torch
 import torch.nn.functional as F
+from _support.clip import SMALL_VOCAB, small_vocab
 from _support.models import memoized
 from attn_clip import create_model, save_pretrained, to_open_clip
 from safetensors.torch import load_file, save_file
@@ -54,8 +56,8 @@ def open_clip_family(name: str) -> tuple[torch.nn.Module, dict]:
     """open_clip's CLIP for ``name`` with the shrunk depths, perturbed, in eval mode, and
     the ``create_model`` overrides that build ours the same."""
     cfg = copy.deepcopy(open_clip.get_model_config(name))
-    cfg["text_cfg"]["layers"] = TEXT_LAYERS
-    overrides: dict = {"text": {"layers": TEXT_LAYERS}}
+    cfg["text_cfg"].update(layers=TEXT_LAYERS, vocab_size=SMALL_VOCAB)
+    overrides: dict = {"text": {"layers": TEXT_LAYERS, "vocab_size": SMALL_VOCAB}}
     with pytest.MonkeyPatch.context() as mp:
         if name.startswith("convnext"):
             depths = functools.partial(timm.create_model, depths=CONVNEXT_DEPTHS)
@@ -84,7 +86,7 @@ def _inputs(ref: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     size = ref.visual.image_size
     size = size if isinstance(size, (tuple, list)) else (size, size)
     tokens = open_clip.get_tokenizer("RN50")(["a photo of a dog", "a cat on a mat", ""])
-    return torch.randn(2, 3, *size), tokens
+    return torch.randn(2, 3, *size), small_vocab(tokens)
 
 
 @pytest.mark.parametrize(("name", "what", "filename"), CASES)
@@ -149,7 +151,7 @@ def test_convnext_save_pretrained_round_trips(tmp_path, monkeypatch, reference):
         timm, "create_model", functools.partial(timm.create_model, depths=CONVNEXT_DEPTHS)
     )
     cfg = copy.deepcopy(open_clip.get_model_config("convnext_large_d"))
-    cfg["text_cfg"]["layers"] = TEXT_LAYERS
+    cfg["text_cfg"].update(layers=TEXT_LAYERS, vocab_size=SMALL_VOCAB)
     twin = open_clip.model.CLIP(**cfg)
     monkeypatch.undo()
     twin.load_state_dict(load_file(str(tmp_path / "saved" / "open_clip_model.safetensors")))
