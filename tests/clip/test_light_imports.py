@@ -1,11 +1,18 @@
 """The offline demo path (registry, tokenizer, transforms, the bundled model, zero-shot)
 imports none of open_clip, timm, transformers or torchvision (seconds each), nor the
-torch compiler stack (torch._dynamo, sympy)."""
+torch compiler stack (torch._dynamo, sympy).
+
+One interpreter runs the three paths in turn (demo, SigLIP, ConvNeXt / ResNet / EVA) and
+prints what is imported after each: the paths are cumulative, so each test reads the list
+after its own path (a heavy import shows up at the first path that pulls it in)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+
+import pytest
 
 HEAVY = ("open_clip", "timm", "transformers", "torchvision", "torch._dynamo", "sympy")
 
@@ -23,15 +30,8 @@ classifier = attn_clip.build_zero_shot_classifier(model.eval(), tokenizer, label
 image = preprocess(Image.new("RGB", (64, 48), (200, 30, 30)))[None]
 attn_clip.predict(model, image, classifier)
 len(attn_clip.IMAGENET_CLASSNAMES), attn_clip.OPENAI_IMAGENET_TEMPLATES[0]("dog")
-print(sorted({h for h in HEAVY for m in sys.modules if m == h or m.startswith(h + ".")}))
+report("demo")
 """
-
-
-def test_demo_path_imports_no_heavy_packages():
-    code = f"HEAVY = {HEAVY!r}\n{DEMO}"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "[]", out.stdout
 
 
 SIGLIP = """
@@ -45,17 +45,8 @@ model = attn_clip.create_model("ViT-B-16-SigLIP", **small)
 attn_clip.save_weights(model, PATH)
 model = attn_clip.create_model("ViT-B-16-SigLIP", pretrained=PATH, **small)
 model.encode_image(torch.randn(1, 3, 224, 224))
-print(sorted({h for h in HEAVY for m in sys.modules if m == h or m.startswith(h + ".")}))
+report("siglip")
 """
-
-
-def test_siglip_from_a_local_file_imports_no_heavy_packages(tmp_path):
-    """A SigLIP (timm image tower in open_clip) is built from the shipped table: no timm."""
-    path = str(tmp_path / "siglip.safetensors")
-    code = f"HEAVY = {HEAVY!r}\nPATH = {path!r}\n{SIGLIP}"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "[]", out.stdout
 
 
 FAMILIES = """
@@ -72,15 +63,40 @@ for name, small in [
     attn_clip.save_weights(model, PATH)
     model = attn_clip.create_model(name, pretrained=PATH, **small)
     model.encode_image(torch.randn(1, 3, 224, 224))
-print(sorted({h for h in HEAVY for m in sys.modules if m == h or m.startswith(h + ".")}))
+report("families")
+"""
+
+REPORT = """
+import json
+import sys
+
+
+def report(path):
+    heavy = sorted({h for h in HEAVY for m in sys.modules if m == h or m.startswith(h + ".")})
+    print(json.dumps([path, heavy]), flush=True)
 """
 
 
-def test_convnext_resnet_and_eva_from_a_local_file_import_no_heavy_packages(tmp_path):
-    """ConvNeXt and EVA02 (timm towers in open_clip, from the shipped table) and OpenAI's
-    ResNet CLIPs build and load without timm or open_clip."""
-    path = str(tmp_path / "w.safetensors")
-    code = f"HEAVY = {HEAVY!r}\nPATH = {path!r}\n{FAMILIES}"
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory) -> dict[str, list[str]]:
+    """``{path: heavy packages imported once it has run}`` from one interpreter."""
+    path = str(tmp_path_factory.mktemp("light") / "w.safetensors")
+    code = f"HEAVY = {HEAVY!r}\nPATH = {path!r}\n{REPORT}{DEMO}{SIGLIP}{FAMILIES}"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "[]", out.stdout
+    return dict(json.loads(line) for line in out.stdout.splitlines())
+
+
+def test_demo_path_imports_no_heavy_packages(imported):
+    assert imported["demo"] == []
+
+
+def test_siglip_from_a_local_file_imports_no_heavy_packages(imported):
+    """A SigLIP (timm image tower in open_clip) is built from the shipped table: no timm."""
+    assert imported["siglip"] == []
+
+
+def test_convnext_resnet_and_eva_from_a_local_file_import_no_heavy_packages(imported):
+    """ConvNeXt and EVA02 (timm towers in open_clip, from the shipped table) and OpenAI's
+    ResNet CLIPs build and load without timm or open_clip."""
+    assert imported["families"] == []
