@@ -18,17 +18,16 @@ import re
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import time
-import zlib
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 import web
+from _support.apps import png_header
 from _support.retrieval import (
     ROOT,
     shapes_gallery,  # noqa: F401  (a fixture)
@@ -39,19 +38,6 @@ from PIL import Image
 APPS = ROOT / "apps"
 RED_CIRCLE = ROOT / "docs" / "assets" / "red_circle.png"
 LABELS = "blue circle, red circle, red square, green star"  # red circle not first on purpose
-
-
-def png_header(path: Path, width: int, height: int) -> Path:
-    """A tiny PNG whose header claims ``width x height`` pixels (a decompression bomb)."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        crc = zlib.crc32(kind + data) & 0xFFFFFFFF
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
-    data = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0"))
-    path.write_bytes(data + chunk(b"IEND", b""))
-    return path
 
 
 def plain(markdown: str) -> str:
