@@ -54,10 +54,11 @@ import sys
 import attn_clip
 import torch
 
+TEXT = {"layers": 1, "vocab_size": 64}
 for name, small in [
-    ("convnext_base", {"vision": {"convnext": {"depths": (1, 1, 1, 1)}}, "text": {"layers": 1}}),
-    ("RN50", {"vision": {"layers": (1, 1, 1, 1)}, "text": {"layers": 1}}),
-    ("EVA02-B-16", {"vision": {"layers": 1}, "text": {"layers": 1}}),
+    ("convnext_base", {"vision": {"convnext": {"depths": (1, 1, 1, 1)}}, "text": TEXT}),
+    ("RN50", {"vision": {"layers": (1, 1, 1, 1)}, "text": TEXT}),
+    ("EVA02-B-16", {"vision": {"layers": 1}, "text": TEXT}),
 ]:
     model = attn_clip.create_model(name, **small)
     attn_clip.save_weights(model, PATH)

@@ -96,8 +96,8 @@ def test_open_clip_siglip_checkpoint_files(tmp_path, monkeypatch, name, towers):
     assert_close(per_text, ref_logits.T, **TOL)
     # the plain modules (no inference fast path) give the same
     ours.set_fast_inference(False)
-    with torch.no_grad():
-        assert_close(ours.encode_image(images), ref_image, **TOL)
+    with torch.no_grad():  # one image is enough here
+        assert_close(ours.encode_image(images[:1]), ref_image[:1], **TOL)
         assert_close(ours.encode_text(tokens), ref_text, **TOL)
 
 
