@@ -18,6 +18,11 @@ from types import ModuleType  # noqa: E402 (after the bytecode switch)
 import pytest  # noqa: E402 (after the bytecode switch)
 import torch  # noqa: E402 (after the bytecode switch)
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one of pytest -n's processes: a core each
+    torch.set_num_threads(
+        max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    )
+
 
 @pytest.fixture(autouse=True)
 def _seed() -> None:
