@@ -8,6 +8,7 @@ import pytest
 import torch
 from attn_clip import CLIP, CLIPConfig, Tokenizer, load_checkpoint
 from attn_clip.model import LOGIT_SCALE_MAX
+from attn_core import fast_inference
 from torch.testing import assert_close
 
 TOL = {"atol": 1e-4, "rtol": 1e-4}
@@ -172,9 +173,9 @@ def test_factorized_token_embedding(h, tmp_path, tiny_images, tiny_tokens):
     with torch.no_grad():
         ref.token_embedding.weight.copy_(table @ proj.T)
         assert_close(ours.encode_text(tiny_tokens), ref.encode_text(tiny_tokens), **TOL)
-        ours.text.set_fast_inference(False)
+        fast_inference.disable(ours.text)
         assert_close(ours.encode_text(tiny_tokens), ref.encode_text(tiny_tokens), **TOL)
-    ours.text.set_fast_inference(True)
+    fast_inference.enable(ours.text)
     attn_clip.save_pretrained(ours, tmp_path)
     written = json.loads((tmp_path / "open_clip_config.json").read_text())
     assert written["model_cfg"]["text_cfg"]["token_dim"] == 4

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from _support.clip import SMALL_VOCAB
 from _support.models import memoized
 from attn_clip import CLIPConfig, create_model, get_model_config, save_pretrained, to_open_clip
+from attn_core import fast_inference
 from safetensors.torch import load_file
 from torch.testing import assert_close
 
@@ -99,7 +100,7 @@ def test_open_clip_eva_checkpoint_files(tmp_path, reference, name, filename, h):
     assert_close(image, ref_image, **TOL)
     assert_close(text, ref_text, **TOL)
     assert_close(per_image, ref_logits, **TOL)
-    ours.set_fast_inference(False)  # the plain modules give the same
+    fast_inference.disable(ours)  # the plain modules give the same
     with torch.no_grad():
         assert_close(ours.encode_image(images), ref_image, **TOL)
     # back to open_clip's (CLIP-layout) names: every tensor as open_clip has it, the zero

@@ -20,6 +20,7 @@ import timm
 import torch
 import torch.nn.functional as F
 from attn_clip import create_model, save_pretrained
+from attn_core import fast_inference
 from safetensors.torch import save_file
 from torch.testing import assert_close
 
@@ -95,7 +96,7 @@ def test_open_clip_siglip_checkpoint_files(tmp_path, monkeypatch, name, towers):
     assert_close(per_image, ref_logits, **TOL)
     assert_close(per_text, ref_logits.T, **TOL)
     # the plain modules (no inference fast path) give the same
-    ours.set_fast_inference(False)
+    fast_inference.disable(ours)
     with torch.no_grad():  # one image is enough here
         assert_close(ours.encode_image(images[:1]), ref_image[:1], **TOL)
         assert_close(ours.encode_text(tokens), ref_text, **TOL)

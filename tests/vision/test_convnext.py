@@ -51,7 +51,7 @@ def test_pooled_features_reset_classifier_and_bad_configs(timm_checkpoint):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fast_inference_equals_the_plain_modules(dtype):
     """The fast path (oneDNN depthwise conv, fused Linear + GELU) gives the plain forward's
-    numbers, runs only without autograd, and set_fast_inference(False) turns it off."""
+    numbers, runs only without autograd, and fast_inference.disable turns it off."""
     from attn_core import fast_inference
 
     torch.manual_seed(0)
@@ -67,7 +67,7 @@ def test_fast_inference_equals_the_plain_modules(dtype):
         fast = model(x)
         fused = dtype == torch.float32 or fast_inference._ONEDNN_BF16  # bf16 needs AVX512
         assert (model.stages[0].blocks[0].mlp.fc1.weight in fast_inference._packed) == fused
-        plain = model.set_fast_inference(False)(x)
+        plain = fast_inference.disable(model)(x)
     tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 0.05, "rtol": 0.05}
     torch.testing.assert_close(fast.float(), plain.float(), **tol)
     assert not any(getattr(m, "fast_inference", False) for m in model.modules())

@@ -10,6 +10,7 @@ import attn_core
 import pytest
 import timm
 import torch
+from attn_core import fast_inference
 from attn_vision import PatchEmbed, VisionTransformer, ViTConfig, create_model, list_models
 
 TOL = dict(atol=1e-4, rtol=1e-4)
@@ -221,9 +222,9 @@ def test_fast_inference_equals_the_plain_modules(kwargs) -> None:
     x = torch.randn(2, 3, 32, 48)  # another size than the position embedding's
     with torch.inference_mode():
         fast = model(x), model.forward_features(x), model.forward_pre_logits(x)
-        assert model.set_fast_inference(False) is model and not model.fast_inference
+        assert fast_inference.disable(model) is model and not model.fast_inference
         plain = model(x), model.forward_features(x), model.forward_pre_logits(x)
-        model.set_fast_inference(True)
+        fast_inference.enable(model)
     for a, b in zip(fast, plain, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     with torch.no_grad():  # forward_pre_logits == forward_head(forward_features, pre_logits)

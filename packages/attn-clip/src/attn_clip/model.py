@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
-import attn_core.fast_inference
 import torch
 import torch.nn.functional as F
 from attn_core.fast_inference import compile_module
@@ -80,10 +79,6 @@ class CLIP(nn.Module):
     def clamp_logit_scale_(self) -> None:
         """Clamp ``logit_scale`` into ``[0, ln 100]`` in place (call after each optimizer step)."""
         self.logit_scale.clamp_(0, LOGIT_SCALE_MAX)
-
-    def set_fast_inference(self, enable: bool = True) -> CLIP:
-        """Deprecated: ``attn_core.fast_inference.enable(model, enable)`` (both towers)."""
-        return attn_core.fast_inference.enable(self, enable)
 
     def encode_image(self, images: torch.Tensor, normalize: bool = False) -> torch.Tensor:
         """``(B, C, H, W)`` preprocessed images -> ``(B, E)`` embeddings (``self.visual``)."""

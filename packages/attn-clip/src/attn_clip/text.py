@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from functools import partial
 
-import attn_core.fast_inference
 import torch
 import torch.utils.checkpoint
 from attn_core import TransformerBlock
@@ -126,10 +125,6 @@ class TextTransformer(nn.Module):
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         self.grad_checkpointing = enable
-
-    def set_fast_inference(self, enable: bool = True) -> TextTransformer:
-        """Deprecated: ``attn_core.fast_inference.enable(model, enable)``."""
-        return attn_core.fast_inference.enable(self, enable)
 
     def _check(self, tokens: torch.Tensor) -> None:
         if tokens.ndim != 2 or tokens.dtype not in (torch.int64, torch.int32):

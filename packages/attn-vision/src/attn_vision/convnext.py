@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import attn_core.fast_inference
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
@@ -187,10 +186,6 @@ class ConvNeXt(nn.Module):
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         self.grad_checkpointing = enable
-
-    def set_fast_inference(self, enable: bool = True) -> ConvNeXt:
-        """Deprecated: ``attn_core.fast_inference.enable(model, enable)``."""
-        return attn_core.fast_inference.enable(self, enable)
 
     def get_classifier(self) -> nn.Module:
         return self.head.fc

@@ -30,7 +30,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
-import attn_core.fast_inference
 import torch
 import torch.utils.checkpoint
 from attn_core import AxialRotaryEmbedding, TransformerBlock
@@ -228,10 +227,6 @@ class VisionTransformer(nn.Module):
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Recompute each block's activations in backward instead of storing them."""
         self.grad_checkpointing = enable
-
-    def set_fast_inference(self, enable: bool = True) -> VisionTransformer:
-        """Deprecated: ``attn_core.fast_inference.enable(model, enable)``."""
-        return attn_core.fast_inference.enable(self, enable)
 
     def get_classifier(self) -> nn.Module:
         return self.head
