@@ -1,11 +1,12 @@
-"""ConvNeXt and OpenAI ResNet CLIPs: random-init open_clip models (a timm ConvNeXt tower
-with open_clip's linear / MLP projection head; OpenAI's ModifiedResNet) saved in their
+"""ConvNeXt, OpenAI ResNet and timm-ViT CLIPs: random-init open_clip models (a timm ConvNeXt
+tower with open_clip's linear / MLP projection head; OpenAI's ModifiedResNet;
+MobileCLIP2-L-14's timm ViT-L/14 tower without a projection) saved in their
 real on-disk formats, loaded through ``create_model``, fp32 image and text embeddings
 and logits equal at 1e-4.
 
 Full width, depth cut (ConvNeXt: 1, 1, 2, 1 blocks per stage through timm's
-``create_model``; ResNet: one bottleneck per stage; text: 2 blocks, its vocabulary cut to
-``SMALL_VOCAB`` rows, captions folded into it). BatchNorm statistics
+``create_model``; ResNet: one bottleneck per stage; timm ViT: 2 blocks; text: 2 blocks,
+its vocabulary cut to ``SMALL_VOCAB`` rows, captions folded into it). BatchNorm statistics
 and every norm / bias are perturbed so a swapped or missing one cannot hide. The names and
 shapes of every config at full depth are checked on the meta device in test_convert.py.
 Each reference is built once per module (``reference``) and only read; the logits come
@@ -37,7 +38,10 @@ CASES = [
     ("convnext_large_d", "timm_proj mlp, 256 px", "open_clip_model.safetensors"),
     ("RN50", "RN50 widths, GELU text", "open_clip_pytorch_model.bin"),
     ("RN50x4-quickgelu", "RN50x4 widths, 288 px, QuickGELU", "open_clip_model.safetensors"),
+    # a timm ViT tower with no projection, LayerNorm eps 1e-5; text without a causal mask
+    ("MobileCLIP2-L-14", "vit_large_patch14_clip_224, token pool", "open_clip_model.safetensors"),
 ]
+VIT_DEPTH = 2
 
 
 @torch.no_grad()
@@ -63,12 +67,16 @@ def open_clip_family(name: str) -> tuple[torch.nn.Module, dict]:
             depths = functools.partial(timm.create_model, depths=CONVNEXT_DEPTHS)
             mp.setattr(timm, "create_model", depths)
             overrides["vision"] = {"convnext": {"depths": CONVNEXT_DEPTHS}}
+        elif cfg["vision_cfg"].get("timm_model_name", "").startswith("vit_"):
+            mp.setattr(timm, "create_model", functools.partial(timm.create_model, depth=VIT_DEPTH))
+            overrides["vision"] = {"layers": VIT_DEPTH}
         else:
             cfg["vision_cfg"]["layers"] = list(RESNET_LAYERS)
             overrides["vision"] = {"layers": RESNET_LAYERS}
         with torch.random.fork_rng():
             torch.manual_seed(0)
-            ref = _perturb(open_clip.model.CLIP(**cfg))
+            custom = cfg.pop("custom_text", False)  # as open_clip.create_model picks
+            ref = _perturb((open_clip.CustomTextCLIP if custom else open_clip.CLIP)(**cfg))
     return ref, overrides
 
 
@@ -109,8 +117,12 @@ def test_open_clip_checkpoint_files(tmp_path, reference, name, what, filename):
         ref_logits = ref.logit_scale.exp() * _normalize(ref_image) @ _normalize(ref_text).T
     assert not torch.allclose(ref_image[0], ref_image[1])  # the images tell apart
     sd = {k: v.contiguous() for k, v in ref.state_dict().items()}
-    head = "visual.head.mlp.fc1.weight" if name == "convnext_large_d" else "visual.head.proj.weight"
-    assert (head if name.startswith("convnext") else "visual.attnpool.c_proj.weight") in sd
+    head = {
+        "convnext_base": "visual.head.proj.weight",
+        "convnext_large_d": "visual.head.mlp.fc1.weight",
+        "MobileCLIP2-L-14": f"visual.trunk.blocks.{VIT_DEPTH - 1}.attn.qkv.weight",
+    }.get(name, "visual.attnpool.c_proj.weight")
+    assert head in sd
     path = tmp_path / filename
     if filename.endswith(".safetensors"):
         save_file(sd, str(path))
@@ -124,10 +136,12 @@ def test_open_clip_checkpoint_files(tmp_path, reference, name, what, filename):
     assert_close(image, ref_image, **TOL)
     assert_close(text, ref_text, **TOL)
     assert_close(per_image, ref_logits, **TOL)
-    # back to open_clip's names: every tensor where open_clip has it
-    back = to_open_clip(ours.state_dict())
-    assert back.keys() == sd.keys()
-    assert all(torch.equal(back[k], v) for k, v in sd.items())
+    # back to open_clip's (CLIP-layout) names: every tensor where open_clip has it (a
+    # CustomTextCLIP's text.* keys as open_clip's loader maps CLIP's onto it)
+    back = to_open_clip(ours.state_dict(), ours.config.vision)
+    want = {(k[5:] if k.startswith("text.") else k): v for k, v in sd.items()}
+    assert back.keys() == want.keys()
+    assert all(torch.equal(back[k], v) for k, v in want.items())
 
 
 def test_resnet_save_pretrained_loads_in_open_clip(tmp_path, reference):

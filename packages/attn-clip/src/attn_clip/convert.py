@@ -386,12 +386,12 @@ def to_open_clip(
 ) -> StateDict:
     """attn_clip state dict -> open_clip ``CLIP`` names (what open_clip's loader reads).
 
-    An image tower without class token, or with a patch bias or a MAP head (SigLIP), or a
-    ConvNeXt keeps timm's names under ``visual.trunk.``, as open_clip's timm towers have
-    them; a ResNet's are open_clip's under ``visual.``. An EVA tower's blocks take timm
-    ``Eva``'s layout, which only its config tells (``vision``: the model's
-    :class:`~attn_clip.config.CLIPVisionConfig`; without it they keep our names, which
-    attn_clip reads back but open_clip does not).
+    An image tower without class token, or with a patch bias, a MAP head (SigLIP) or its
+    trunk's classifier as projection (MobileCLIP2-L-14), or a ConvNeXt keeps timm's names
+    under ``visual.trunk.``, as open_clip's timm towers have them; a ResNet's are
+    open_clip's under ``visual.``. An EVA tower's blocks take timm ``Eva``'s layout, which
+    only its config tells (``vision``: the model's :class:`~attn_clip.config.CLIPVisionConfig`;
+    without it they keep our names, which attn_clip reads back but open_clip does not).
     """
     if vision is not None and vision.eva is not None:
         sd = _vit_to_eva(dict(sd), vision)
@@ -402,6 +402,8 @@ def to_open_clip(
         "visual.trunk.cls_token" not in sd
         or "visual.trunk.patch_embed.proj.bias" in sd
         or "visual.trunk.attn_pool.latent" in sd
+        or "visual.trunk.head.weight" in sd  # the trunk's classifier as projection (timm_proj=None)
+        or (vision is not None and vision.timm_model_name is not None)
     )
     out: StateDict = {}
     for k, t in sd.items():
