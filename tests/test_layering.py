@@ -15,12 +15,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {p.name.replace("-", "_"): p for p in (ROOT / "packages").iterdir() if p.is_dir()}
-# DESIGN.md: attn-core at the bottom; vision and nlp on it; clip on vision; train on top.
+# DESIGN.md: attn-core at the bottom; vision and nlp on it; clip on both; train on top.
 BELOW = {
     "attn_core": set(),
     "attn_vision": {"attn_core"},
     "attn_nlp": {"attn_core"},
-    "attn_clip": {"attn_core", "attn_vision"},
+    "attn_clip": {"attn_core", "attn_vision", "attn_nlp"},
     "attn_train": {"attn_core", "attn_vision", "attn_nlp", "attn_clip"},
 }
 

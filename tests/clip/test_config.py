@@ -32,7 +32,7 @@ def test_fields_from_open_clip():
 @pytest.mark.parametrize(
     ("name", "offending"),
     [
-        ("coca_ViT-B-32", "multimodal_cfg"),
+        ("coca_roberta-ViT-B-32", "text_cfg.hf_model_name"),
         ("nllb-clip-base-siglip", "hf_model_name"),
         ("EVA02-E-14", "timm_model_name='eva02_enormous_patch14_clip_224' .*use_post_norm=True"),
         ("MobileCLIP-S1", "timm_model_name='fastvit_mci1' .not an attn_vision ViT, Eva, ViTamin"),
@@ -48,8 +48,8 @@ def test_unsupported_open_clip_features_are_named(name, offending):
 
 def test_attentional_pool_and_custom_blocks_are_refused():
     base = open_clip.get_model_config("ViT-B-32")
-    base["vision_cfg"].update(attentional_pool=True, qk_norm=True)
-    with pytest.raises(ValueError, match=r"vision_cfg\.attentional_pool, vision_cfg\.qk_norm"):
+    base["vision_cfg"].update(attentional_pool="parallel", qk_norm=True)
+    with pytest.raises(ValueError, match=r"vision_cfg\.qk_norm.*attentional_pool='parallel'"):
         CLIPConfig.from_open_clip(base)
 
 

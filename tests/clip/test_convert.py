@@ -19,6 +19,7 @@ from attn_clip import (
     read_checkpoint,
     to_open_clip,
 )
+from attn_clip.coca import CoCa
 from attn_clip.convert import fit_to_model
 from open_clip.model import convert_weights_to_fp16
 from torch.testing import assert_close
@@ -254,8 +255,11 @@ def test_open_clip_meta_layout_matches_every_listed_model(monkeypatch):
         seen.add(key)
         custom_text = oc_cfg.pop("custom_text", False)  # SigLIP: the text tower under text.
         model_cls = open_clip.model.CustomTextCLIP if custom_text else open_clip.model.CLIP
+        if "multimodal_cfg" in oc_cfg:
+            model_cls = open_clip.CoCa
         with meta_build():
-            ref, ours = model_cls(**oc_cfg), CLIP(get_model_config(name))
+            config = get_model_config(name)
+            ref, ours = model_cls(**oc_cfg), (CoCa if config.is_coca else CLIP)(config)
         sd = fit_to_model(convert_open_clip(ref.state_dict()), ours.state_dict())
         assert shapes(sd) == shapes(ours), name
         checked.append(name)
@@ -264,3 +268,4 @@ def test_open_clip_meta_layout_matches_every_listed_model(monkeypatch):
     assert sum(n.startswith("RN") for n in checked) == 5, checked  # -quickgelu: same tensors
     assert sum(n.startswith("EVA") for n in checked) == 5, checked
     assert sum(n.startswith("ViTamin") for n in checked) == 15, checked
+    assert sum(n.startswith("coca_") for n in checked) == 3, checked

@@ -44,7 +44,9 @@ def test_list_models_has_the_clips_attn_clip_builds_and_only_them():
     required |= {"ViTamin-S", "ViTamin-L2-384", "ViTamin-XL-384"}
     assert required <= names
     assert names - {"demo-shapes"} <= set(open_clip.list_models())
-    excluded = ("coca_ViT-B-32", "nllb-clip-base-siglip", "EVA02-E-14", "PE-Core-B-16")
+    required |= {"coca_ViT-B-32", "coca_ViT-L-14", "coca_base"}
+    assert required <= names
+    excluded = ("coca_roberta-ViT-B-32", "nllb-clip-base-siglip", "EVA02-E-14", "PE-Core-B-16")
     for name in excluded:
         assert name not in names
 
@@ -201,8 +203,8 @@ def test_clear_errors():
         get_model_config("ViT-B-33")
     with pytest.raises(ValueError, match="EVA02-E-14.*cannot be built.*use_post_norm"):
         get_model_config("EVA02-E-14")
-    with pytest.raises(ValueError, match="coca_ViT-B-32.*cannot be built.*multimodal_cfg"):
-        get_model_config("coca_ViT-B-32")
+    with pytest.raises(ValueError, match="coca_roberta-ViT-B-32.*cannot be built.*hf_model_name"):
+        get_model_config("coca_roberta-ViT-B-32")
     with pytest.raises(ValueError, match="unknown pretrained tag 'nope'.*laion2b_s34b_b79k"):
         get_pretrained_cfg("ViT-B-32", "nope")
     with pytest.raises(ValueError, match="unknown pretrained tag 'x'.*shapes"):

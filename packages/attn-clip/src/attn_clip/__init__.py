@@ -13,7 +13,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
-    "config": ["CLIPConfig", "CLIPTextConfig", "CLIPVisionConfig", "PreprocessConfig"],
+    "coca": ["CaptionDecoder", "CoCa", "CoCaOutput", "MultimodalDecoder"],
+    "config": [
+        "CLIPConfig",
+        "CLIPTextConfig",
+        "CLIPVisionConfig",
+        "MultimodalConfig",
+        "PreprocessConfig",
+    ],
     "convert": [
         "convert_hf_clip",
         "convert_hf_siglip",
@@ -99,7 +106,14 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
-    from .config import CLIPConfig, CLIPTextConfig, CLIPVisionConfig, PreprocessConfig
+    from .coca import CaptionDecoder, CoCa, CoCaOutput, MultimodalDecoder
+    from .config import (
+        CLIPConfig,
+        CLIPTextConfig,
+        CLIPVisionConfig,
+        MultimodalConfig,
+        PreprocessConfig,
+    )
     from .convert import (
         convert_hf_clip,
         convert_hf_siglip,

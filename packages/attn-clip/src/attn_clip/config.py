@@ -21,6 +21,7 @@ from .tower_config import (
     OPENAI_DATASET_STD,
     CLIPTextConfig,
     CLIPVisionConfig,
+    MultimodalConfig,
     PreprocessConfig,
 )
 
@@ -30,6 +31,7 @@ __all__ = [
     "CLIPConfig",
     "CLIPTextConfig",
     "CLIPVisionConfig",
+    "MultimodalConfig",
     "PreprocessConfig",
 ]
 
@@ -43,18 +45,47 @@ class CLIPConfig:
     text: CLIPTextConfig = field(default_factory=CLIPTextConfig)
     init_logit_scale: float = math.log(1 / 0.07)  # learnable log temperature at init
     init_logit_bias: float | None = None  # SigLIP-style learnable logit bias (None = none)
+    # a CoCa captioner's multimodal decoder (attn_clip.coca.CoCa); None = a dual encoder
+    multimodal: MultimodalConfig | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.vision, dict):
             self.vision = CLIPVisionConfig(**self.vision)
         if isinstance(self.text, dict):
             self.text = CLIPTextConfig(**self.text)
+        if isinstance(self.multimodal, dict):
+            self.multimodal = MultimodalConfig(**self.multimodal)
+        if self.multimodal is not None:
+            self._check_coca()
         for name, tower in (("text", self.text), ("vision", self.vision)):
             if tower.proj_type == "none" and tower.width != self.embed_dim:
                 raise ValueError(
                     f"{name} proj_type='none' needs {name} width ({tower.width}) == embed_dim "
                     f"({self.embed_dim})"
                 )
+
+    def _check_coca(self) -> None:
+        v, t, m = self.vision, self.text, self.multimodal
+        if not t.embed_cls:
+            raise ValueError("a CoCa config (multimodal=...) needs text embed_cls=True")
+        if v.tower != "vit" or not v.class_token:
+            raise ValueError("a CoCa config needs a ViT image tower with a class token")
+        tokens = self.embed_dim if v.attentional_pool else v.width
+        if tokens != m.width:
+            raise ValueError(
+                f"the CoCa decoder reads image tokens {tokens} wide (embed_dim with an "
+                f"attentional pool, else the vision width): multimodal width must be {tokens}, "
+                f"got {m.width}"
+            )
+        if t.width != m.width:
+            raise ValueError(
+                f"CoCa text width ({t.width}) must equal the multimodal width ({m.width})"
+            )
+
+    @property
+    def is_coca(self) -> bool:
+        """True for a CoCa captioner (a multimodal decoder beside the two towers)."""
+        return self.multimodal is not None
 
     @property
     def quick_gelu(self) -> bool:
@@ -69,6 +100,8 @@ class CLIPConfig:
         act = "quick_gelu" if quick_gelu else "gelu"
         d = self.to_dict()
         d["text"]["act"] = act
+        if d.get("multimodal") is not None:
+            d["multimodal"]["act"] = act
         if not self.vision.timm_model_name:
             d["vision"]["act"] = act
         return CLIPConfig.from_dict(d)
@@ -80,12 +113,15 @@ class CLIPConfig:
     def from_dict(cls, d: dict[str, Any]) -> CLIPConfig:
         """Inverse of :meth:`to_dict`; unknown keys raise ``ValueError`` naming them."""
         unknown = sorted(set(d) - {f.name for f in fields(cls)})
-        for key, sub in (("vision", CLIPVisionConfig), ("text", CLIPTextConfig)):
+        subs = (("vision", CLIPVisionConfig), ("text", CLIPTextConfig))
+        for key, sub in (*subs, ("multimodal", MultimodalConfig)):
             names = {f.name for f in fields(sub)}
             unknown += [f"{key}.{k}" for k in sorted(set(d.get(key) or {}) - names)]
         if unknown:
             raise ValueError(f"unknown CLIPConfig key(s): {', '.join(unknown)}")
-        return cls(**{**d, "vision": dict(d["vision"]), "text": dict(d["text"])})
+        m = d.get("multimodal")
+        return cls(**{**d, "vision": dict(d["vision"]), "text": dict(d["text"]),
+                      "multimodal": dict(m) if m is not None else None})  # fmt: skip
 
     @classmethod
     def from_open_clip(cls, cfg: dict[str, Any]) -> CLIPConfig:

@@ -17,16 +17,14 @@ from dataclasses import fields
 from typing import Any
 
 from .config_timm import timm_vision_cfg, timm_vision_config
-from .tower_config import CLIPTextConfig, CLIPVisionConfig
+from .tower_config import CLIPTextConfig, CLIPVisionConfig, MultimodalConfig
 
 __all__ = ["from_open_clip", "to_open_clip"]
 
 # open_clip config keys we accept only at these (default / no-op) values.
 _VISION_NOOP = {
     "patch_dropout": 0.0,
-    "attentional_pool": False,
     "pos_embed_type": "learnable",
-    "output_tokens": False,
     "block_type": (None, "default"),
     "qk_norm": False,
     "scaled_cosine_attn": False,
@@ -36,9 +34,7 @@ _VISION_NOOP = {
     "scale_fc": False,
 }
 _TEXT_NOOP = {
-    "embed_cls": False,
     "final_ln_after_pool": False,
-    "output_tokens": False,
     "block_type": (None, "default"),
     "qk_norm": False,
     "scaled_cosine_attn": False,
@@ -49,13 +45,19 @@ _TEXT_NOOP = {
     "hf_model_name": None,
     "tokenizer_mode": None,
 }
-_TEXT_IGNORED = ("pad_id", "hf_model_pretrained", "hf_proj_type", "hf_pooler_type")
+# output_tokens only makes a tower also return its tokens (CoCa's always do)
+_TEXT_IGNORED = ("hf_model_pretrained", "hf_proj_type", "hf_pooler_type", "output_tokens")
+_VISION_IGNORED = ("output_tokens",)
+# CoCa's multimodal_cfg: what open_clip's MultimodalTransformer reads; it ignores the rest
+# (its MLPs are 4x wide whatever mlp_ratio says; the vocabulary is the text tower's)
+_MULTIMODAL_KEYS = ("width", "layers", "heads", "context_length", "ls_init_value")
+_MULTIMODAL_IGNORED = ("vocab_size", "dim_head", "n_queries", "attn_pooler_heads")
 _TOP_IGNORED = ("custom_text", "nonscalar_logit_scale")  # state-dict layout only
 # open_clip's own-ViT keys, which it ignores for a timm tower (and so do we)
 _OPEN_CLIP_VIT_KEYS = {
     "layers", "width", "head_width", "mlp_ratio", "patch_size", "ls_init_value", "no_ln_pre",
     "pool_type", "final_ln_after_pool", "act_kwargs", "norm_kwargs", "attn_pooler_queries",
-    "attn_pooler_heads", *_VISION_NOOP,
+    "attn_pooler_heads", "attentional_pool", *_VISION_IGNORED, *_VISION_NOOP,
 }  # fmt: skip
 # timm-tower keys that do not change inference: the init of the timm weights, dropout
 # and stochastic depth while training
@@ -90,6 +92,19 @@ def _act_kwargs(act: str) -> dict[str, str] | None:
     return {"approximate": "tanh"} if act == "gelu_tanh" else None
 
 
+def _multimodal(cfg: dict[str, Any] | None, act: str, bad: list[str]) -> MultimodalConfig | None:
+    """CoCa's ``multimodal_cfg`` -> :class:`~attn_clip.tower_config.MultimodalConfig`."""
+    if cfg is None:
+        return None
+    cfg = dict(cfg)
+    if cfg.pop("mlp_ratio", 4) != 4:
+        bad.append("multimodal_cfg.mlp_ratio (open_clip's decoder is always 4x wide)")
+    for key in _MULTIMODAL_IGNORED:
+        cfg.pop(key, None)
+    bad += [f"multimodal_cfg.{k}" for k in cfg if k not in _MULTIMODAL_KEYS]
+    return MultimodalConfig(**{k: v for k, v in cfg.items() if k in _MULTIMODAL_KEYS}, act=act)
+
+
 def from_open_clip(cfg: dict[str, Any]) -> dict[str, Any]:
     """The :class:`~attn_clip.config.CLIPConfig` fields of an open_clip model config dict.
 
@@ -106,7 +121,8 @@ def from_open_clip(cfg: dict[str, Any]) -> dict[str, Any]:
     init_logit_bias = cfg.pop("init_logit_bias", None)
     for key in _TOP_IGNORED:
         cfg.pop(key, None)
-    bad += [f"{k}={v!r}" for k, v in cfg.items()]  # multimodal_cfg (CoCa) and the like
+    multimodal = _multimodal(cfg.pop("multimodal_cfg", None), act, bad)
+    bad += [f"{k}={v!r}" for k, v in cfg.items()]
 
     vision = None
     timm_name = vcfg.pop("timm_model_name", None)
@@ -135,6 +151,14 @@ def from_open_clip(cfg: dict[str, Any]) -> dict[str, Any]:
             if k in vcfg and not _is_noop(vcfg.pop(k), allowed):
                 bad.append(f"vision_cfg.{k}")
         vcfg = {k: v for k, v in vcfg.items() if not k.startswith("timm_")}
+        for k in _VISION_IGNORED:
+            vcfg.pop(k, None)
+        if not vcfg.get("attentional_pool", False):  # open_clip reads these only with it
+            vcfg.pop("attentional_pool", None)
+            vcfg.pop("attn_pooler_queries", None)
+            vcfg.pop("attn_pooler_heads", None)
+        elif not isinstance(vcfg["attentional_pool"], bool):  # "parallel" / "cascade": WIP
+            bad.append(f"vision_cfg.attentional_pool={vcfg.pop('attentional_pool')!r}")
         v_eps = _norm_eps(vcfg, "vision_cfg", bad)
         v_act = _act(act, vcfg, "vision_cfg", bad)
         known_v = {f.name for f in fields(CLIPVisionConfig)} - {"act", "norm_eps"}
@@ -145,6 +169,9 @@ def from_open_clip(cfg: dict[str, Any]) -> dict[str, Any]:
             bad.append(f"text_cfg.{k}")
     for k in _TEXT_IGNORED:
         tcfg.pop(k, None)
+    if not tcfg.get("embed_cls", False):  # the pad mask is CoCa's alone
+        tcfg.pop("embed_cls", None)
+        tcfg.pop("pad_id", None)
     t_eps = _norm_eps(tcfg, "text_cfg", bad)
     t_act = _act(act, tcfg, "text_cfg", bad)
     tcfg["causal"] = not tcfg.pop("no_causal_mask", False)
@@ -162,6 +189,7 @@ def from_open_clip(cfg: dict[str, Any]) -> dict[str, Any]:
         "text": CLIPTextConfig(**tcfg, act=t_act, norm_eps=t_eps),
         "init_logit_scale": init_logit_scale,
         "init_logit_bias": init_logit_bias,
+        "multimodal": multimodal,
     }
 
 
@@ -204,6 +232,9 @@ def to_open_clip(config: Any) -> dict[str, Any]:
                 vision_cfg[name] = getattr(v, name)
         if v.proj_type != "linear":
             vision_cfg["proj_type"] = v.proj_type
+        if v.attentional_pool:
+            vision_cfg.update(attentional_pool=True, attn_pooler_queries=v.attn_pooler_queries,
+                              attn_pooler_heads=v.attn_pooler_heads)  # fmt: skip
     text_cfg = {
         "context_length": t.context_length,
         "vocab_size": t.vocab_size,
@@ -227,6 +258,8 @@ def to_open_clip(config: Any) -> dict[str, Any]:
         text_cfg["hf_tokenizer_name"] = t.hf_tokenizer_name
     if t.tokenizer_kwargs:
         text_cfg["tokenizer_kwargs"] = dict(t.tokenizer_kwargs)
+    if t.embed_cls:
+        text_cfg.update(embed_cls=True, pad_id=t.pad_id)
     out: dict[str, Any] = {
         "embed_dim": config.embed_dim,
         "quick_gelu": quick,
@@ -236,4 +269,9 @@ def to_open_clip(config: Any) -> dict[str, Any]:
     }
     if config.init_logit_bias is not None:
         out["init_logit_bias"] = config.init_logit_bias
+    m = config.multimodal
+    if m is not None:
+        out["multimodal_cfg"] = {"width": m.width, "layers": m.layers, "heads": m.heads,
+                                 "context_length": m.context_length,
+                                 "ls_init_value": m.ls_init_value}  # fmt: skip
     return out

@@ -72,6 +72,21 @@ _OPEN_CLIP_BLOCK = {
     "mlp.c_proj.bias": "mlp.fc2.bias",
     "ls_2.gamma": "ls2.gamma",
 }
+# CoCa's decoder: open_clip cross-attention ResidualAttentionBlock -> CrossAttentionBlock
+_OPEN_CLIP_CROSS_BLOCK = {
+    **{k: v for k, v in _OPEN_CLIP_BLOCK.items()},
+    "ln_1_kv.weight": "norm_context.weight",
+    "ln_1_kv.bias": "norm_context.bias",
+}
+# CoCa's attentional pooler: nn.MultiheadAttention(kdim=vdim=width) -> MultiHeadAttention
+_POOLER_ATTN = {
+    "in_proj_weight": "qkv.weight",
+    "q_proj_weight": "q_proj.weight",
+    "k_proj_weight": "k_proj.weight",
+    "v_proj_weight": "v_proj.weight",
+    "out_proj.weight": "proj.weight",
+    "out_proj.bias": "proj.bias",
+}
 # transformers CLIPEncoderLayer -> TransformerBlock (q/k/v handled separately: fused).
 _HF_BLOCK = {
     "layer_norm1.weight": "norm1.weight",
@@ -178,6 +193,27 @@ def convert_open_clip(sd: Mapping[str, torch.Tensor]) -> StateDict:
     c.move("text_projection", "text.proj.weight", _transpose)  # (D, E) -> Linear's (E, D)
     c.move("text_projection.weight", "text.proj.weight")
     c.move("text_projection.bias", "text.proj.bias")
+    c.move("cls_emb", "text.cls_emb")  # CoCa's appended CLS embedding
+    # CoCa's multimodal decoder
+    d = "text_decoder."
+    c.blocks(d + "resblocks.", d + "blocks.", _OPEN_CLIP_BLOCK)
+    c.blocks(d + "cross_attn.", d + "cross_blocks.", _OPEN_CLIP_CROSS_BLOCK)
+    c.move(d + "ln_final.weight", d + "ln_final.weight")
+    c.move(d + "ln_final.bias", d + "ln_final.bias")
+    c.move(d + "text_projection", d + "proj.weight", _transpose)  # (D, V) -> (V, D)
+    # CoCa's attentional pooler (ln_post after it: see fit_to_model)
+    p = "visual.attn_pool."
+    for name in ("query", "ln_q.weight", "ln_q.bias", "ln_k.weight", "ln_k.bias"):
+        c.move(p + name, p + name)
+    for src, dst in _POOLER_ATTN.items():
+        c.move(f"{p}attn.{src}", f"{p}attn.{dst}")
+    if p + "attn.in_proj_bias" in c.sd:
+        bias = c.sd.pop(p + "attn.in_proj_bias")
+        if p + "attn.qkv.weight" in c.out:
+            c.out[p + "attn.qkv.bias"] = bias
+        else:
+            for n, part in zip("qkv", bias.chunk(3), strict=True):
+                c.out[f"{p}attn.{n}_proj.bias"] = part
     # vision tower
     v = "visual.trunk."
     if "visual.attnpool.c_proj.weight" in c.sd:  # OpenAI's ModifiedResNet: names are ours
@@ -330,6 +366,12 @@ _TO_OPEN_CLIP: dict[str, tuple[str, Callable[[torch.Tensor], torch.Tensor] | Non
     "text.ln_final.weight": ("ln_final.weight", None),
     "text.ln_final.bias": ("ln_final.bias", None),
     "text.proj.bias": ("text_projection.bias", None),
+    "text.cls_emb": ("cls_emb", None),
+    "text_decoder.ln_final.weight": ("text_decoder.ln_final.weight", None),
+    "text_decoder.ln_final.bias": ("text_decoder.ln_final.bias", None),
+    "text_decoder.proj.weight": ("text_decoder.text_projection", _transpose),
+    "visual.ln_post.weight": ("visual.ln_post.weight", None),
+    "visual.ln_post.bias": ("visual.ln_post.bias", None),
     "visual.trunk.patch_embed.proj.weight": ("visual.conv1.weight", None),
     "visual.trunk.cls_token": ("visual.class_embedding", lambda t: t.reshape(-1)),
     "visual.trunk.pos_embed": ("visual.positional_embedding", lambda t: t[0]),
@@ -346,6 +388,8 @@ _TO_OPEN_CLIP: dict[str, tuple[str, Callable[[torch.Tensor], torch.Tensor] | Non
 _BLOCK_PREFIXES = {
     "text.blocks.": "transformer.resblocks.",
     "visual.trunk.blocks.": "visual.transformer.resblocks.",
+    "text_decoder.blocks.": "text_decoder.resblocks.",
+    "text_decoder.cross_blocks.": "text_decoder.cross_attn.",
 }
 
 
@@ -395,7 +439,11 @@ def to_open_clip(
     """
     if vision is not None and vision.eva is not None:
         sd = _vit_to_eva(dict(sd), vision)
-    inv_block = {v: k for k, v in _OPEN_CLIP_BLOCK.items()}
+    inv_block = {v: k for k, v in _OPEN_CLIP_CROSS_BLOCK.items()}
+    inv_pool = {f"visual.attn_pool.attn.{v}": f"visual.attn_pool.attn.{k}"
+                for k, v in _POOLER_ATTN.items()}  # fmt: skip
+    pool_bias = [sd[f"visual.attn_pool.attn.{n}_proj.bias"] for n in "qkv"
+                 if f"visual.attn_pool.attn.{n}_proj.bias" in sd]  # fmt: skip
     has_text_bias = "text.proj.bias" in sd
     resnet = "visual.trunk.attnpool.c_proj.weight" in sd
     timm_tower = not resnet and (
@@ -424,13 +472,24 @@ def to_open_clip(
         elif k in _TO_OPEN_CLIP:
             name, fn = _TO_OPEN_CLIP[k]
             out[name] = fn(t) if fn is not None else t
+        elif k in inv_pool:
+            out[inv_pool[k]] = t
+        elif k == "visual.attn_pool.attn.qkv.bias":
+            out["visual.attn_pool.attn.in_proj_bias"] = t
+        elif k.startswith("visual.attn_pool.attn.") and k.endswith("_proj.bias"):
+            pass  # one in_proj_bias below
+        elif k.startswith("visual.attn_pool."):  # query, ln_q, ln_k: open_clip's names
+            out[k] = t
         else:
             raise ValueError(f"attn_clip key {k!r} has no open_clip name")
+    if pool_bias:
+        out["visual.attn_pool.attn.in_proj_bias"] = torch.cat(pool_bias)
     return out
 
 
 def fit_to_model(sd: StateDict, expected: Mapping[str, torch.Tensor]) -> StateDict:
-    """Rename ``ln_post`` to ``fc_norm`` when the model normalizes after pooling, and
+    """Rename ``ln_post`` to ``fc_norm`` when the model normalizes after pooling (to the
+    tower's own ``ln_post`` after a CoCa's attentional pooler), and
     open_clip's timm-tower ``head.proj`` to a ViT tower's ``proj`` (ViTamin); fill in
     BatchNorm ``num_batches_tracked`` counters the checkpoint left out (zeros, as torch's
     BatchNorm does; unused in eval mode).
@@ -440,6 +499,7 @@ def fit_to_model(sd: StateDict, expected: Mapping[str, torch.Tensor]) -> StateDi
     """
     sd = dict(sd)
     renames = [(f"visual.trunk.norm.{k}", f"visual.trunk.fc_norm.{k}") for k in ("weight", "bias")]
+    renames += [(f"visual.trunk.norm.{k}", f"visual.ln_post.{k}") for k in ("weight", "bias")]
     for src, dst in [*renames, ("visual.head.proj.weight", "visual.proj.weight")]:
         if src in sd and src not in expected and dst in expected:
             sd[dst] = sd.pop(src)

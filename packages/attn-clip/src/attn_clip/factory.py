@@ -224,6 +224,16 @@ def _with_overrides(config: CLIPConfig, overrides: dict[str, Any]) -> CLIPConfig
     return replace(config, **overrides)
 
 
+def _model_class(config: CLIPConfig) -> type[CLIP]:
+    """:class:`CLIP`, or :class:`~attn_clip.coca.CoCa` for a config with a multimodal
+    decoder (imported only then: it brings attn_nlp's decoding loop)."""
+    if not config.is_coca:
+        return CLIP
+    from .coca import CoCa
+
+    return CoCa
+
+
 def create_model(
     model_name: str | CLIPConfig,
     pretrained: str | os.PathLike | bool | None = None,
@@ -331,14 +341,15 @@ def create_model(
     if overrides:
         config = _with_overrides(config, overrides)
 
+    model_cls = _model_class(config)
     if ckpt is not None:
         with torch.device("meta"):  # skip the random init the weights would overwrite
-            model = CLIP(config, weight_init=False)
+            model = model_cls(config, weight_init=False)
         model.to_empty(device="cpu")
         _compute_non_persistent_buffers(model)
         load_checkpoint(model, ckpt)
     else:
-        model = CLIP(config)
+        model = model_cls(config)
     model.preprocess_cfg = preprocess or PreprocessConfig(size=config.vision.image_size)
     model.to(device=device, dtype=PRECISIONS[precision])
     return model.eval()

@@ -15,6 +15,13 @@ path (``fast_inference``, on by default; :func:`attn_core.fast_inference.enable`
 :func:`attn_core.fast_inference.run_causal_pooled`: each caption is encoded only up to its
 own pooled token, shared prefixes (``"a photo of a"`` + class name) are encoded once, and
 captions run in groups of similar length -- all exact for the same reason.
+
+CoCa's text tower (``embed_cls=True``) appends a learned CLS embedding after the tokens
+(position ``L``) and pools it (then ``ln_final``); :meth:`TextTransformer.forward_tokens`
+also returns the token features before ``ln_final``, which the captioning decoder reads.
+Its keys are masked as open_clip's pretrained CoCa weights were trained: key ``0`` always
+visible, key ``j`` visible when token ``j - 1`` is not ``pad_id`` (open_clip's default,
+``correct_cls_mask=False``, shifted by one against the tokens), on top of the causal mask.
 """
 
 from __future__ import annotations
@@ -85,7 +92,9 @@ class TextTransformer(nn.Module):
             self.token_embedding = nn.Embedding.from_pretrained(empty, freeze=False)
         # ALBERT's factorized embedding (token_dim set): (V, T) table, then T -> D
         self.token_proj = None if c.token_dim is None else nn.Linear(token_dim, c.width, False)
-        self.positional_embedding = nn.Parameter(torch.empty(c.context_length, c.width))
+        positions = c.context_length + (1 if c.embed_cls else 0)  # CoCa: + the CLS position
+        self.positional_embedding = nn.Parameter(torch.empty(positions, c.width))
+        self.cls_emb = nn.Parameter(torch.empty(c.width)) if c.embed_cls else None
         self.blocks = nn.ModuleList(
             TransformerBlock(
                 c.width,
@@ -112,6 +121,8 @@ class TextTransformer(nn.Module):
         if self.token_proj is not None:  # keeps the embeddings' std at 0.02
             nn.init.normal_(self.token_proj.weight, std=self.token_proj.in_features**-0.5)
         nn.init.normal_(self.positional_embedding, std=0.01)
+        if self.cls_emb is not None:
+            nn.init.normal_(self.cls_emb, std=0.01)
         proj_std = c.width**-0.5 * (2 * c.layers) ** -0.5
         for blk in self.blocks:
             nn.init.normal_(blk.attn.qkv.weight, std=c.width**-0.5)
@@ -151,8 +162,41 @@ class TextTransformer(nn.Module):
     def _fast(self, x: torch.Tensor) -> bool:
         return self.fast_inference and not self.training and fast_path_available(x)
 
+    def key_mask(self, tokens: torch.Tensor) -> torch.Tensor:
+        """CoCa: ``(B, L)`` ids -> ``(B, L + 1)`` bool, True where a key may be attended
+        (key 0 always; key ``j`` when token ``j - 1`` is not ``pad_id``: open_clip's mask)."""
+        keep = tokens != self.config.pad_id
+        return torch.cat((keep.new_ones(keep.shape[0], 1), keep), dim=1)
+
+    def forward_tokens(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """CoCa (``embed_cls``): ``(B, L)`` ids -> ``(pooled (B, E), tokens (B, L, D))``:
+        the CLS row after ``ln_final`` and the projection, and the token rows as the last
+        block left them (no ``ln_final``), as open_clip's ``output_tokens=True`` returns."""
+        if self.cls_emb is None:
+            raise ValueError("forward_tokens is for a CoCa text tower (embed_cls=True)")
+        self._check(tokens)
+        B, L = tokens.shape
+        x = self.token_embedding(tokens)
+        if self.token_proj is not None:
+            x = self.token_proj(x)
+        x = torch.cat((x, self.cls_emb.to(x.dtype).expand(B, 1, -1)), dim=1)  # (B, L + 1, D)
+        x = x + self.positional_embedding[: L + 1].to(x.dtype)
+        causal = torch.ones(L + 1, L + 1, dtype=torch.bool, device=x.device).tril()
+        mask = causal & self.key_mask(tokens)[:, None, :]  # (B, L + 1, L + 1)
+        mask = mask[:, None]  # (B, 1, L + 1, L + 1): every head
+        for blk in self.blocks:
+            if self.grad_checkpointing and torch.is_grad_enabled():
+                x = torch.utils.checkpoint.checkpoint(
+                    partial(blk, attn_mask=mask), x, use_reentrant=False
+                )
+            else:
+                x = blk(x, attn_mask=mask)
+        return self._project(self.ln_final(x[:, -1])), x[:, :-1]
+
     def forward_features(self, tokens: torch.Tensor) -> torch.Tensor:
         """``(B, L)`` token ids -> ``(B, L, D)`` final-normed token features."""
+        if self.cls_emb is not None:
+            raise ValueError("a CoCa text tower (embed_cls=True): use forward_tokens")
         self._check(tokens)
         x = self._embed(tokens)
         causal = self.config.causal
@@ -174,6 +218,8 @@ class TextTransformer(nn.Module):
         token of the batch; ``False`` encodes all ``L`` columns (the reference result).
         """
         self._check(tokens)
+        if self.cls_emb is not None:  # CoCa: the appended CLS row, which sees every token
+            return self.forward_tokens(tokens)[0]
         c = self.config
         idx = pool_positions(tokens, c.pool_type, c.eos_id) if c.causal else None
         if truncate and idx is not None and tokens.shape[0] > 0:

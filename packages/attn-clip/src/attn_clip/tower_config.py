@@ -33,7 +33,7 @@ from attn_vision.convnext import ConvNeXtConfig
 from attn_vision.patch_embed import to_2tuple
 from attn_vision.vitamin import VitaminConfig
 
-__all__ = ["CLIPTextConfig", "CLIPVisionConfig", "PreprocessConfig"]
+__all__ = ["CLIPTextConfig", "CLIPVisionConfig", "MultimodalConfig", "PreprocessConfig"]
 
 CONVNEXT_FIELDS = (  # attn_vision ConvNeXtConfig fields that make up the architecture
     "depths", "dims", "patch_size", "kernel_size", "ls_init_value", "conv_mlp", "conv_bias",
@@ -99,8 +99,20 @@ class CLIPVisionConfig:
     convnext: dict[str, Any] | None = None  # a ConvNeXt: its attn_vision ConvNeXtConfig fields
     eva: dict[str, Any] | None = None  # a timm Eva ViT: its EVA_FIELDS (RoPE, inner norms, ...)
     vitamin: dict[str, Any] | None = None  # a timm ViTamin: its VITAMIN_FIELDS (the conv stem)
+    # CoCa's attentional pooler: attn_pooler_queries learned queries (attn_pooler_heads heads)
+    # attend over the last block's tokens; query 0 is pooled (ln_post, proj), the others are
+    # the image tokens the captioner's decoder reads (open_clip's original CoCa setup)
+    attentional_pool: bool = False
+    attn_pooler_queries: int = 256
+    attn_pooler_heads: int = 8
 
     def __post_init__(self) -> None:
+        if self.attentional_pool and (
+            self.tower != "vit" or self.timm_model_name or self.pool_type != "tok"
+        ):
+            raise ValueError(
+                "attentional_pool=True is for open_clip's own ViT with pool_type='tok' (CoCa)"
+            )
         if isinstance(self.image_size, list):
             self.image_size = tuple(self.image_size)
         if isinstance(self.layers, list):
@@ -233,8 +245,15 @@ class CLIPTextConfig:
     norm_eps: float = 1e-5  # LayerNorm epsilon
     hf_tokenizer_name: str | None = None  # a Hugging Face tokenizer instead of OpenAI's BPE
     tokenizer_kwargs: dict[str, Any] | None = None  # extra tokenizer arguments from the config
+    # CoCa: a learned CLS embedding appended after the tokens (one position more), pooled
+    # (then ln_final); keys of pad tokens (pad_id) masked as open_clip's pretrained CoCa
+    # weights were trained (open_clip's "legacy" mask, shifted by one position)
+    embed_cls: bool = False
+    pad_id: int = 0
 
     def __post_init__(self) -> None:
+        if self.embed_cls and not self.causal:
+            raise ValueError("embed_cls=True (CoCa) needs a causal text tower")
         if self.pool_type not in ("argmax", "eos", "first", "last"):
             raise ValueError(
                 f"text pool_type must be 'argmax', 'eos', 'first' or 'last', got {self.pool_type!r}"
@@ -247,6 +266,28 @@ class CLIPTextConfig:
             raise ValueError(f"text width ({self.width}) must be divisible by heads ({self.heads})")
         if self.token_dim is not None and self.token_dim < 1:
             raise ValueError(f"text token_dim must be None or >= 1, got {self.token_dim}")
+
+
+@dataclass
+class MultimodalConfig:
+    """CoCa's multimodal text decoder: ``layers`` pairs of a causal self-attention block
+    and a cross-attention block over the image tokens, then LayerNorm and the projection to
+    the vocabulary (open_clip's ``MultimodalTransformer``; its MLPs are always 4x wide)."""
+
+    width: int = 512  # token width (= the image tokens' width)
+    layers: int = 12  # (self-attention block, cross-attention block) pairs
+    heads: int = 8
+    context_length: int = 76  # longest caption the decoder reads
+    ls_init_value: float | None = None  # LayerScale init; None = no layer scale
+    act: str = "gelu"  # "gelu" or "quick_gelu" (open_clip's quick_gelu flag)
+
+    def __post_init__(self) -> None:
+        if self.act not in ACTS:
+            raise ValueError(f"multimodal act must be one of {ACTS}, got {self.act!r}")
+        if self.width % self.heads:
+            raise ValueError(
+                f"multimodal width ({self.width}) must be divisible by heads ({self.heads})"
+            )
 
 
 @dataclass

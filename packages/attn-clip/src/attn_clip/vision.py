@@ -30,6 +30,13 @@ A ConvNeXt tower is open_clip's ``TimmModel``: timm's ConvNeXt with its classifi
 ``head.mlp`` (``fc1`` -> GELU -> ``fc2``, ``2 E`` wide) -- open_clip's names. A ResNet tower
 is OpenAI's ModifiedResNet (:mod:`attn_clip.modified_resnet`), whose attention pool ends in
 the projection (``trunk.attnpool.c_proj``).
+
+A CoCa tower (``attentional_pool=True``) is open_clip's ViT whose last block's tokens (no
+``ln_post`` on them) go through an :class:`AttentionalPooler`: ``Q`` learned queries, each
+an ``embed_dim``-wide token; ``ln_post`` then normalises the ``Q`` outputs, query 0 is
+pooled and projected, and the other ``Q - 1`` are the image tokens the captioning decoder
+reads (:meth:`CLIPVisionTower.forward_tokens`; without the pooler: the normed patch
+tokens).
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import torch
+from attn_core.mha import MultiHeadAttention
 from attn_vision.convnext import ConvNeXt, ConvNeXtConfig
 from attn_vision.vit import VisionTransformer, ViTConfig
 from attn_vision.vitamin import Vitamin, VitaminConfig
@@ -45,7 +53,7 @@ from torch import nn
 from .config import CLIPVisionConfig
 from .modified_resnet import ModifiedResNet
 
-__all__ = ["CLIPVisionTower", "vit_config"]
+__all__ = ["AttentionalPooler", "CLIPVisionTower", "vit_config"]
 
 
 def vit_config(c: CLIPVisionConfig, embed_dim: int = 0) -> ViTConfig:
@@ -64,7 +72,7 @@ def vit_config(c: CLIPVisionConfig, embed_dim: int = 0) -> ViTConfig:
         qkv_bias=True,
         class_token=c.class_token,
         pre_norm=not c.no_ln_pre,
-        final_norm=True,
+        final_norm=not c.attentional_pool,  # CoCa: ln_post comes after the pooler
         fc_norm=c.final_ln_after_pool,
         norm_eps=c.norm_eps,
         act=c.act,
@@ -78,6 +86,23 @@ def vit_config(c: CLIPVisionConfig, embed_dim: int = 0) -> ViTConfig:
         patch_bias=c.patch_bias,  # CLIP: never (CLIPA too, although it has no ln_pre)
         **eva,  # EVA: rope, rope_ref_grid, attn_inner_norm, mlp_inner_norm, mlp_gate_last
     )
+
+
+class AttentionalPooler(nn.Module):
+    """CoCa's pooler (open_clip's ``AttentionalPooler``): ``(B, N, context_dim)`` tokens ->
+    ``(B, Q, dim)``; ``Q`` learned queries (``ln_q``) attend over the tokens (``ln_k``)."""
+
+    def __init__(self, dim: int, context_dim: int, num_heads: int = 8, num_queries: int = 256):
+        super().__init__()
+        self.query = nn.Parameter(torch.randn(num_queries, dim))
+        self.attn = MultiHeadAttention(dim, num_heads, kdim=context_dim, vdim=context_dim)
+        self.ln_q = nn.LayerNorm(dim)
+        self.ln_k = nn.LayerNorm(context_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.ln_k(x)
+        q = self.ln_q(self.query).to(x.dtype).expand(x.shape[0], -1, -1)  # (B, Q, dim)
+        return self.attn(q, x, x)[0]
 
 
 class ProjectionMlp(nn.Module):
@@ -128,15 +153,24 @@ class CLIPVisionTower(nn.Module):
         self.image_size = config.image_size
         self.trunk = build_trunk(config, embed_dim, weight_init)
         vit = config.tower == "vit"
+        pool = config.attentional_pool
+        self.attn_pool = (
+            AttentionalPooler(
+                embed_dim, config.width, config.attn_pooler_heads, config.attn_pooler_queries
+            )
+            if pool
+            else None
+        )
+        self.ln_post = nn.LayerNorm(embed_dim, eps=config.norm_eps) if pool else None
         self.proj = (
-            nn.Linear(config.width, embed_dim, bias=False)
+            nn.Linear(embed_dim if pool else config.width, embed_dim, bias=False)
             if vit and config.proj_type == "linear"
             else None
         )  # the ViT's projection (a timm tower's may be trunk.head); a ConvNeXt's is `head`,
         # a ResNet's ends its attention pool
         self.head = convnext_head(config, embed_dim) if config.tower == "convnext" else None
         if weight_init and self.proj is not None:
-            nn.init.normal_(self.proj.weight, std=config.width**-0.5)
+            nn.init.normal_(self.proj.weight, std=self.proj.in_features**-0.5)
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         if not hasattr(self.trunk, "set_grad_checkpointing"):
@@ -175,9 +209,23 @@ class CLIPVisionTower(nn.Module):
         towers does (``ViT-SO400M-14-SigLIP-384``: 384 px, 27 patches of 14 a side).
         """
         images = self.prepare(images)
+        if self.attn_pool is not None:
+            return self.forward_tokens(images)[0]
         if self.config.tower != "vit":
             return self.project(self.trunk(images))  # (B, D) pooled -> (B, E)
         # == trunk.forward_head(trunk.forward_features(x), pre_logits=True), but with [CLS]
         # pooling the fast path computes only that row in the last block
         x = self.trunk.forward_pre_logits(images)  # (B, D) pooled (+ ln_post after pool)
         return self.project(x)  # (B, E)
+
+    def forward_tokens(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """CoCa: ``(B, C, H, W)`` -> ``(pooled (B, E), tokens (B, T, W))``: with the
+        attentional pool ``T = Q - 1`` pooler outputs ``E`` wide, else the ``N - 1`` patch
+        tokens after ``ln_post`` (``W`` = width), as open_clip's ``output_tokens=True``."""
+        c = self.config
+        if c.tower != "vit" or c.pool_type != "tok" or c.final_ln_after_pool or c.timm_model_name:
+            raise ValueError("forward_tokens needs open_clip's own ViT with [CLS] pooling")
+        x = self.trunk.forward_features(self.prepare(images))  # (B, N, D)
+        if self.attn_pool is not None:
+            x = self.ln_post(self.attn_pool(x))  # (B, Q, E)
+        return self.project(x[:, 0]), x[:, 1:]

@@ -29,7 +29,14 @@ _EXPORTS = {
         "last_backend",
         "use_backend",
     ],
-    "blocks": ["DropPath", "FeedForward", "LayerScale", "QuickGELU", "TransformerBlock"],
+    "blocks": [
+        "CrossAttentionBlock",
+        "DropPath",
+        "FeedForward",
+        "LayerScale",
+        "QuickGELU",
+        "TransformerBlock",
+    ],
     "functional": ["masked_softmax", "scaled_dot_product_attention"],
     "kv_cache": ["KVCache"],
     "linear_attention": ["LinearAttention", "PerformerAttention", "linear_attention"],
@@ -87,7 +94,14 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
         last_backend,
         use_backend,
     )
-    from .blocks import DropPath, FeedForward, LayerScale, QuickGELU, TransformerBlock
+    from .blocks import (
+        CrossAttentionBlock,
+        DropPath,
+        FeedForward,
+        LayerScale,
+        QuickGELU,
+        TransformerBlock,
+    )
     from .functional import masked_softmax, scaled_dot_product_attention
     from .kv_cache import KVCache
     from .linear_attention import LinearAttention, PerformerAttention, linear_attention

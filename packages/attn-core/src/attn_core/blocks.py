@@ -1,4 +1,5 @@
-"""Transformer building blocks: ``FeedForward``, ``LayerScale``, ``DropPath``, ``TransformerBlock``.
+"""Transformer building blocks: ``FeedForward``, ``LayerScale``, ``DropPath``, ``TransformerBlock``,
+``CrossAttentionBlock``.
 
 Shape legend: ``B`` batch, ``L`` tokens, ``S`` context (encoder) tokens, ``D`` width,
 ``H`` / ``Hkv`` query / key-value heads, ``hd`` head width, ``P`` earlier (prefix) tokens.
@@ -26,7 +27,15 @@ from .mha import MultiHeadAttention
 from .onednn import fused_linear
 from .rope import RotaryEmbedding
 
-__all__ = ["ACTIVATIONS", "DropPath", "FeedForward", "LayerScale", "QuickGELU", "TransformerBlock"]
+__all__ = [
+    "ACTIVATIONS",
+    "CrossAttentionBlock",
+    "DropPath",
+    "FeedForward",
+    "LayerScale",
+    "QuickGELU",
+    "TransformerBlock",
+]
 
 KV = tuple[torch.Tensor, torch.Tensor]  # one block's (k, v), each (B, Hkv, N, hd)
 
@@ -354,3 +363,75 @@ class TransformerBlock(nn.Module):
         if isinstance(self.ls2, LayerScale):
             return x + self.ls2(fused_linear(h, mlp.fc2.weight, mlp.fc2.bias))
         return fused_linear(h, mlp.fc2.weight, mlp.fc2.bias, residual=x)
+
+
+class CrossAttentionBlock(nn.Module):
+    """Cross-attention and an MLP, each a pre-norm residual branch (no self-attention):
+    ``x + ls1(attn(norm1(x), norm_context(context)))``, then ``x + ls2(mlp(norm2(x)))``.
+
+    open_clip's ``ResidualAttentionBlock(is_cross_attention=True)`` (CoCa's multimodal
+    decoder; ``ln_1_kv`` is ``norm_context``), a Perceiver's cross block. The keys and
+    values of a context can be computed once (:meth:`context_kv`) and reused on every
+    decoding step. ``x`` may hold ``R`` rows per context row (``x`` ``(B R, L, D)``, rows of
+    one context adjacent: beams or samples of one image): the ``R`` rows' queries are then
+    attended together against their one context's keys, which are never copied.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        *,
+        context_dim: int | None = None,
+        act: str = "gelu",
+        layer_scale: float | None = None,
+        norm_layer: Callable[[int], nn.Module] = nn.LayerNorm,
+        backend: str | None = None,
+    ) -> None:
+        super().__init__()
+        context_dim = dim if context_dim is None else context_dim
+        self.norm1 = norm_layer(dim)
+        self.norm_context = norm_layer(context_dim)
+        self.attn = MultiHeadAttention(
+            dim, num_heads, kdim=context_dim, vdim=context_dim, backend=backend
+        )
+        self.ls1 = LayerScale(dim, layer_scale) if layer_scale is not None else nn.Identity()
+        self.norm2 = norm_layer(dim)
+        self.mlp = FeedForward(dim, int(dim * mlp_ratio), act=act)
+        self.ls2 = LayerScale(dim, layer_scale) if layer_scale is not None else nn.Identity()
+
+    def context_kv(self, context: torch.Tensor) -> KV:
+        """``(B, S, context_dim)`` -> this block's keys and values, each ``(B, H, S, hd)``."""
+        attn = self.attn
+        k, v = attn._in_proj(self.norm_context(context), "kv").chunk(2, dim=-1)
+        return attn.k_norm(attn._heads(k, attn.num_kv_heads)), attn._heads(v, attn.num_kv_heads)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        context: torch.Tensor | None = None,
+        *,
+        context_kv: KV | None = None,
+    ) -> torch.Tensor:
+        """``x`` ``(B R, L, D)`` attends over ``context`` ``(B, S, context_dim)`` (or its
+        precomputed ``context_kv``) -> ``(B R, L, D)``."""
+        if context_kv is None:
+            if context is None:
+                raise ValueError("pass context (B, S, context_dim) or context_kv")
+            context_kv = self.context_kv(context)
+        k, v = context_kv
+        attn = self.attn
+        N, L, D = x.shape
+        B, H, hd = k.shape[0], attn.num_heads, attn.head_dim
+        if B == 0 or N % B:
+            raise ValueError(
+                f"x has {N} rows, not a multiple of the context's {B} (R rows per context)"
+            )
+        R = N // B
+        q = attn._in_proj(self.norm1(x), "q")  # (B R, L, D)
+        q = q.view(B, R * L, H, hd).transpose(1, 2)  # (B, H, R L, hd): a context's rows together
+        o = attention(attn.q_norm(q), k, v, backend=attn.backend)  # (B, H, R L, hd)
+        o = o.transpose(1, 2).reshape(N, L, D)
+        x = x + self.ls1(attn.proj(attn.norm(o)))
+        return x + self.ls2(self.mlp(self.norm2(x)))

@@ -1,0 +1,304 @@
+"""CoCa (Yu et al. 2022, "Contrastive Captioners"): a CLIP whose image tokens also feed a
+captioning decoder. open_clip's ``CoCa``, on attn_core blocks and attention.
+
+Shape legend: ``B`` images, ``R`` decoded rows per image (beams or samples), ``N = B R``,
+``T`` caption tokens so far, ``S`` image tokens, ``D`` decoder width, ``V`` vocabulary,
+``E`` joint embedding width.
+
+* image tower (:class:`~attn_clip.vision.CLIPVisionTower`, ``attentional_pool=True``): the
+  ViT's tokens go through an attentional pooler; query 0 is the contrastive embedding,
+  the other ``S = Q - 1`` are the image tokens (``coca_base``: no pooler, the patch tokens);
+* text tower (:class:`~attn_clip.text.TextTransformer`, ``embed_cls=True``): a CLS
+  embedding appended after the caption is the contrastive embedding; the token rows go to
+  the decoder;
+* multimodal decoder (:class:`MultimodalDecoder`): per layer a causal self-attention block
+  over the text rows and a cross-attention block over the image tokens, then LayerNorm and
+  the projection to the vocabulary: next-token logits.
+
+Captioning (:meth:`CoCa.generate`, :meth:`CoCa.caption`) runs attn_nlp's decoding loop
+(:func:`attn_nlp.generation.generate`: greedy, beam search, top-k / top-p sampling, the
+same logits processors as transformers) over :class:`CaptionDecoder`, which encodes each
+image once, computes every cross-attention block's keys and values once per image and
+shares them across that image's beams, and keeps a KV cache of the text tower's and the
+decoder's self-attention, so each step runs only the new token. ``use_cache=False`` runs
+the whole prefix every step instead (what open_clip does) and gives the same tokens.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+import torch.utils.checkpoint
+from attn_core import CrossAttentionBlock, KVCache, TransformerBlock
+from attn_nlp.generation import GenerationConfig, generate
+from torch import nn
+
+from .config import CLIPConfig, MultimodalConfig
+from .model import CLIP
+from .tokenizer import get_tokenizer
+
+__all__ = ["CaptionDecoder", "CoCa", "CoCaOutput", "MultimodalDecoder"]
+
+KV = tuple[torch.Tensor, torch.Tensor]
+
+
+class CoCaOutput(NamedTuple):
+    """What ``CoCa.forward`` returns: CLIP's fields, plus the teacher-forced caption logits
+    ``(B, L - 1, V)`` and their ``labels`` ``(B, L - 1)`` (the captions shifted by one)."""
+
+    logits_per_image: torch.Tensor | None
+    logits_per_text: torch.Tensor | None
+    image_embeds: torch.Tensor | None
+    text_embeds: torch.Tensor | None
+    logit_scale: torch.Tensor
+    logit_bias: torch.Tensor | None
+    logits: torch.Tensor | None = None
+    labels: torch.Tensor | None = None
+
+
+class MultimodalDecoder(nn.Module):
+    """open_clip's ``MultimodalTransformer``: ``layers`` x (causal self-attention block,
+    cross-attention block over the image tokens), ``ln_final``, projection to ``V``."""
+
+    def __init__(self, config: MultimodalConfig, vocab_size: int, weight_init: bool = True):
+        super().__init__()
+        self.config = c = config
+        norm = nn.LayerNorm  # open_clip's LayerNorm, eps 1e-5 (its norm_kwargs are not read)
+        block = dict(act=c.act, layer_scale=c.ls_init_value, norm_layer=norm)
+        self.blocks = nn.ModuleList(
+            TransformerBlock(c.width, c.heads, 4.0, **block) for _ in range(c.layers)
+        )
+        self.cross_blocks = nn.ModuleList(
+            CrossAttentionBlock(c.width, c.heads, 4.0, **block) for _ in range(c.layers)
+        )
+        self.ln_final = norm(c.width)
+        self.proj = nn.Linear(c.width, vocab_size, bias=False)  # open_clip's text_projection
+        self.grad_checkpointing = False
+        if weight_init:
+            self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """open_clip's init: depth-scaled residual projections."""
+        c = self.config
+        proj_std = c.width**-0.5 * (2 * c.layers) ** -0.5
+        for blk in [*self.blocks, *self.cross_blocks]:
+            nn.init.normal_(blk.attn.qkv.weight, std=c.width**-0.5)
+            nn.init.normal_(blk.attn.proj.weight, std=proj_std)
+            nn.init.normal_(blk.mlp.fc1.weight, std=(2 * c.width) ** -0.5)
+            nn.init.normal_(blk.mlp.fc2.weight, std=proj_std)
+        nn.init.normal_(self.proj.weight, std=c.width**-0.5)
+
+    def context_kv(self, image_tokens: torch.Tensor) -> list[KV]:
+        """``(B, S, D)`` image tokens -> each cross-attention block's keys and values."""
+        return [blk.context_kv(image_tokens) for blk in self.cross_blocks]
+
+    def forward(
+        self,
+        image_tokens: torch.Tensor | None,
+        text_tokens: torch.Tensor,
+        *,
+        context_kv: list[KV] | None = None,
+        kv_caches: list[KVCache] | None = None,
+        last_only: bool = False,
+    ) -> torch.Tensor:
+        """``text_tokens`` ``(N, T, D)`` (``R`` rows per image) over ``image_tokens``
+        ``(B, S, D)`` (or their ``context_kv``) -> logits ``(N, T, V)`` (``last_only``:
+        ``(N, V)`` for the last row). ``kv_caches`` (one per self-attention block) hold
+        the earlier rows: then ``text_tokens`` are only the new ones."""
+        if context_kv is None:
+            context_kv = self.context_kv(image_tokens)
+        x = text_tokens
+        for i, (blk, cross) in enumerate(zip(self.blocks, self.cross_blocks, strict=True)):
+            cache = None if kv_caches is None else kv_caches[i]
+            if self.grad_checkpointing and torch.is_grad_enabled():
+                x = torch.utils.checkpoint.checkpoint(
+                    partial(blk, is_causal=True), x, use_reentrant=False
+                )
+                x = torch.utils.checkpoint.checkpoint(
+                    partial(cross, context_kv=context_kv[i]), x, use_reentrant=False
+                )
+            else:
+                x = blk(x, is_causal=True, kv_cache=cache)
+                x = cross(x, context_kv=context_kv[i])
+        if last_only:
+            x = x[:, -1]
+        return self.proj(self.ln_final(x))
+
+
+class CoCa(CLIP):
+    """A CLIP (``visual``, ``text``, ``logit_scale``) with a captioning ``text_decoder``."""
+
+    def __init__(self, config: CLIPConfig, weight_init: bool = True) -> None:
+        if config.multimodal is None:
+            raise ValueError("CoCa needs a config with multimodal=MultimodalConfig(...)")
+        super().__init__(config, weight_init)
+        self.text_decoder = MultimodalDecoder(
+            config.multimodal, config.text.vocab_size, weight_init
+        )
+
+    @property
+    def pad_id(self) -> int:
+        return self.config.text.pad_id
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        super().set_grad_checkpointing(enable)
+        self.text_decoder.grad_checkpointing = enable
+
+    def encode_image_tokens(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(B, C, H, W)`` -> ``(embeddings (B, E), image tokens (B, S, D))``."""
+        return self.visual.forward_tokens(images)
+
+    def forward(
+        self, images: torch.Tensor | None = None, texts: torch.Tensor | None = None
+    ) -> CoCaOutput:
+        """Embed images and/or captions; with both, the image-text logits and the caption
+        logits ``(B, L - 1, V)``: token ``t + 1`` predicted from the image and tokens
+        ``<= t`` (teacher forcing, open_clip's ``CoCa.forward``)."""
+        image_embeds = image_tokens = text_embeds = text_tokens = None
+        if images is not None:
+            image_embeds, image_tokens = self.encode_image_tokens(images)
+            image_embeds = F.normalize(image_embeds, dim=-1)
+        if texts is not None:
+            text_embeds, text_tokens = self.text.forward_tokens(texts)
+            text_embeds = F.normalize(text_embeds, dim=-1)
+        per_image = per_text = logits = labels = None
+        if image_embeds is not None and text_embeds is not None:
+            per_image, per_text = self.logits(image_embeds, text_embeds)
+            logits = self.text_decoder(image_tokens, text_tokens[:, :-1])
+            labels = texts[:, 1:]
+        return CoCaOutput(per_image, per_text, image_embeds, text_embeds, self.scale(),
+                          self.logit_bias, logits, labels)  # fmt: skip
+
+    def generation_config(self, **options: Any) -> GenerationConfig:
+        """The captioning defaults with ``options`` applied: greedy, at most 30 tokens
+        with the start token (open_clip's ``seq_len=30``), at least 5 (its
+        ``min_seq_len``), stop at end-of-text, pad with ``pad_id``."""
+        tokenizer = self.tokenizer()
+        defaults = GenerationConfig(
+            max_length=min(30, self.config.multimodal.context_length + 1),
+            min_length=5,
+            eos_token_id=tokenizer.eot_token_id,
+            pad_token_id=self.pad_id,
+            bos_token_id=tokenizer.sot_token_id,
+            top_k=None,
+        )
+        return defaults.update(**options)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        images: torch.Tensor,
+        generation_config: GenerationConfig | None = None,
+        **options: Any,
+    ) -> torch.Tensor:
+        """Caption ``(B, C, H, W)`` preprocessed images -> token ids ``(B * n, L)``, each
+        row the start token, the caption, end-of-text, then ``pad_id`` (``n`` =
+        ``num_return_sequences``, rows of one image adjacent).
+
+        ``options`` are :class:`attn_nlp.generation.GenerationConfig` fields on top of
+        :meth:`generation_config`'s defaults: ``num_beams``, ``length_penalty``,
+        ``num_return_sequences``, ``do_sample`` + ``top_k`` / ``top_p`` / ``temperature``
+        (``seed`` for repeatable samples), ``repetition_penalty``,
+        ``no_repeat_ngram_size``, ``min_new_tokens`` / ``max_new_tokens``, ``use_cache``.
+        """
+        config = generation_config or self.generation_config()
+        if options:
+            config = config.update(**options)
+        if images.ndim != 4:
+            raise ValueError(f"images must be (B, C, H, W), got {tuple(images.shape)}")
+        was_training = self.training
+        self.eval()
+        try:
+            _, image_tokens = self.encode_image_tokens(images)  # once per image
+            rows = config.num_beams if config.num_beams > 1 else config.num_return_sequences
+            decoder = CaptionDecoder(self, image_tokens, rows, use_cache=config.use_cache)
+            start = config.bos_token_id
+            prompt = torch.full((images.shape[0], 1), start, dtype=torch.long,
+                                device=image_tokens.device)  # fmt: skip
+            return generate(
+                decoder, prompt, config, max_positions=self.config.multimodal.context_length
+            )
+        finally:
+            self.train(was_training)
+
+    def tokenizer(self) -> Any:
+        """The text tower's tokenizer (:func:`attn_clip.tokenizer.get_tokenizer`), kept."""
+        if getattr(self, "_tokenizer", None) is None:
+            self._tokenizer = get_tokenizer(self.config)
+        return self._tokenizer
+
+    def decode(self, ids: torch.Tensor, tokenizer: Any = None) -> list[str]:
+        """Token ids from :meth:`generate` -> caption strings (cut at end-of-text)."""
+        tokenizer = tokenizer or self.tokenizer()
+        eot = tokenizer.eot_token_id
+        out = []
+        for row in ids.tolist():
+            row = row[1:]  # the start token
+            row = row[: row.index(eot)] if eot in row else row
+            out.append(tokenizer.decode(row).strip())
+        return out
+
+    def caption(self, images: torch.Tensor, tokenizer: Any = None, **options: Any) -> list[str]:
+        """``(B, C, H, W)`` preprocessed images -> ``B * num_return_sequences`` captions."""
+        return self.decode(self.generate(images, **options), tokenizer)
+
+
+class CaptionDecoder:
+    """The :class:`attn_nlp.generation.Decoder` of a CoCa model over some images.
+
+    Called with all tokens so far ``(N, T)`` (``R`` rows per image, adjacent), it returns
+    the next-token logits ``(N, V)``. The images' tokens are given once; each
+    cross-attention block's keys and values are computed once, ``(B, H, S, hd)``, and
+    every row of an image attends to them (never copied per beam). With ``use_cache``
+    the text tower's and the decoder's self-attention keep their keys and values
+    (:class:`attn_core.KVCache`) and only the new tokens run; ``reorder`` follows the beams.
+    """
+
+    def __init__(
+        self, model: CoCa, image_tokens: torch.Tensor, rows_per_image: int, use_cache: bool = True
+    ):
+        self.model = model
+        self.rows = rows_per_image
+        self.context_kv = model.text_decoder.context_kv(image_tokens)
+        self.use_cache = use_cache
+        n_text, n_dec = len(model.text.blocks), len(model.text_decoder.blocks)
+        self.text_caches = [KVCache() for _ in range(n_text)] if use_cache else None
+        self.decoder_caches = [KVCache() for _ in range(n_dec)] if use_cache else None
+        self.seen = 0  # tokens already in the caches
+
+    def _text_rows(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The text tower's rows for ``tokens[:, seen:]`` ``(N, T - seen, D)`` (no CLS: a
+        token row never sees the appended CLS under the causal mask)."""
+        text = self.model.text
+        T, P = tokens.shape[1], self.seen
+        new = tokens[:, P:]
+        x = text.token_embedding(new)
+        if text.token_proj is not None:
+            x = text.token_proj(x)
+        x = x + text.positional_embedding[P:T].to(x.dtype)
+        causal = torch.ones(T - P, T, dtype=torch.bool, device=x.device).tril(P)
+        mask = (causal & text.key_mask(tokens)[:, None, :T])[:, None]  # (N, 1, T - P, T)
+        for i, blk in enumerate(text.blocks):
+            x = blk(x, attn_mask=mask, kv_cache=None if self.text_caches is None
+                    else self.text_caches[i])  # fmt: skip
+        return x
+
+    def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
+        if not self.use_cache:
+            self.seen = 0
+        x = self._text_rows(tokens)
+        logits = self.model.text_decoder(
+            None, x, context_kv=self.context_kv, kv_caches=self.decoder_caches, last_only=True
+        )
+        if self.use_cache:
+            self.seen = tokens.shape[1]
+        return logits
+
+    def reorder(self, index: torch.Tensor) -> None:
+        if self.use_cache:
+            for cache in [*self.text_caches, *self.decoder_caches]:
+                cache.reorder(index)
