@@ -24,6 +24,10 @@ SETTINGS = [
     {"num_beams": 3, "num_return_sequences": 2, "max_new_tokens": 10},
     {"num_beams": 4, "min_length": 8, "renormalize_logits": True},
     {"num_beams": 1, "min_new_tokens": 3, "bad_words_ids": [[7], [3, 4]]},
+    {"num_beams": 1, "max_new_tokens": 14, "repetition_penalty": 1.6},
+    {"num_beams": 4, "max_new_tokens": 14, "repetition_penalty": 0.7, "no_repeat_ngram_size": 2},
+    {"num_beams": 1, "max_new_tokens": 14, "no_repeat_ngram_size": 1, "bad_words_ids": [[3]]},
+    {"num_beams": 3, "num_return_sequences": 3, "no_repeat_ngram_size": 3, "min_length": 6},
 ]
 
 
@@ -153,5 +157,13 @@ def test_max_length_validation():
 
 
 def test_unsupported_checkpoint_option_warns():
-    with pytest.warns(UserWarning, match="no_repeat_ngram_size"):
-        GenerationConfig.from_dict({"no_repeat_ngram_size": 3, "num_beams": 2})
+    with pytest.warns(UserWarning, match="encoder_no_repeat_ngram_size"):
+        GenerationConfig.from_dict({"encoder_no_repeat_ngram_size": 3, "num_beams": 2})
+
+
+def test_repetition_options_load_from_a_checkpoint_without_warning(recwarn):
+    cfg = GenerationConfig.from_dict(
+        {"no_repeat_ngram_size": 3, "repetition_penalty": 1.2, "typical_p": None}
+    )
+    assert (cfg.no_repeat_ngram_size, cfg.repetition_penalty) == (3, 1.2)
+    assert not [w for w in recwarn if issubclass(w.category, UserWarning)]

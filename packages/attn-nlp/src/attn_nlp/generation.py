@@ -8,10 +8,23 @@ tokens so far ``(N, T)`` it returns the next-token logits ``(N, V)`` (a cached d
 feeds only the new tokens to the network), and ``reorder(index)`` follows the beams.
 
 The search reproduces ``transformers``' ``generate`` step for step -- the same logits
-processors in the same order (bad words, min length, forced EOS, temperature, top-k,
-top-p, renormalisation) and the same vectorised beam search (``2 * K`` candidates per
-step, length penalty ``score / generated_len ** length_penalty``, ``early_stopping``
-True / False / ``"never"``) -- so given the same logits it returns the same token ids.
+processors in the same order (repetition penalty, no-repeat n-grams, bad words, min
+length, min new tokens, forced EOS, temperature, top-k, top-p, renormalisation) and the
+same vectorised beam search (``2 * K`` candidates per step, length penalty
+``score / generated_len ** length_penalty``, ``early_stopping`` True / False / ``"never"``)
+-- so given the same logits it returns the same token ids. The prompt counts as history
+for the repetition penalty and the n-gram ban, as in transformers (decoder-only models:
+the prompt; encoder-decoder: the decoder start token).
+
+Two deliberate differences from transformers: ``seed`` (ours) draws
+the samples from a private ``torch.Generator`` (same seed, same tokens, whatever the
+global RNG did; on CPU the same draws as ``torch.manual_seed(seed)`` before transformers'
+``generate``), and beam search pads finished rows with ``pad_token_id`` even when it is
+0 (transformers' ``pad_token_id or eos_token_id`` pads with EOS then).
+
+The same loop serves an encoder-decoder (prompt = the decoder start token, the encoder
+output held by the :class:`Decoder`) and a decoder-only model such as CoCa's captioner
+(prompt = ``[[start]]`` per image, the image tokens held by the :class:`Decoder`).
 """
 
 from __future__ import annotations
@@ -30,15 +43,18 @@ __all__ = ["Decoder", "GenerationConfig", "generate"]
 
 # transformers options we do not implement; a non-default value in a checkpoint warns.
 _UNSUPPORTED_DEFAULTS = {
-    "no_repeat_ngram_size": 0,
     "encoder_no_repeat_ngram_size": 0,
-    "repetition_penalty": 1.0,
+    "encoder_repetition_penalty": 1.0,
     "num_beam_groups": 1,
     "diversity_penalty": 0.0,
     "forced_bos_token_id": None,
     "suppress_tokens": None,
     "begin_suppress_tokens": None,
     "exponential_decay_length_penalty": None,
+    "typical_p": 1.0,
+    "epsilon_cutoff": 0.0,
+    "eta_cutoff": 0.0,
+    "min_p": None,
 }
 
 
@@ -58,6 +74,8 @@ class GenerationConfig:
     temperature: float = 1.0
     top_k: int | None = 50  # only with do_sample; 0 / None = off
     top_p: float = 1.0  # only with do_sample
+    repetition_penalty: float = 1.0  # seen tokens: score < 0 -> score * p, else score / p
+    no_repeat_ngram_size: int = 0  # > 0: no n-gram of this size occurs twice
     bad_words_ids: list[list[int]] | None = None  # token sequences never generated
     forced_eos_token_id: int | list[int] | None = None  # forced as the last token
     renormalize_logits: bool = False  # log-softmax after all processors
@@ -66,6 +84,7 @@ class GenerationConfig:
     decoder_start_token_id: int | None = None  # first decoder token (encoder-decoder)
     bos_token_id: int | None = None
     use_cache: bool = True
+    seed: int | None = None  # ours: samples from a private generator; None = torch's global RNG
 
     def update(self, **overrides: Any) -> GenerationConfig:
         """A copy with ``overrides`` applied; unknown names raise ``TypeError``."""
@@ -82,7 +101,7 @@ class GenerationConfig:
     def from_dict(cls, data: dict[str, Any]) -> GenerationConfig:
         """Known keys of a ``generation_config.json`` (or old-style ``config.json``)."""
         for key, default in _UNSUPPORTED_DEFAULTS.items():
-            if data.get(key, default) != default:
+            if data.get(key) is not None and data[key] != default:
                 warnings.warn(
                     f"generation option {key}={data[key]!r} is not supported and is ignored; "
                     "results can differ from transformers",
@@ -147,9 +166,18 @@ def resolve_max_length(config: GenerationConfig, prompt_len: int, max_positions:
 
 
 class _Processor:
-    """transformers' logits processors, in transformers' order, as one callable."""
+    """transformers' logits processors, in transformers' order, as one callable.
+
+    Called with the tokens so far ``(N, T)`` (prompt included) and the scores ``(N, V)``
+    (logits; log-probabilities in beam search), it returns the processed scores ``(N, V)``.
+    """
 
     def __init__(self, config: GenerationConfig, prompt_len: int, max_length: int, beams: int):
+        penalty, ngram = config.repetition_penalty, config.no_repeat_ngram_size
+        if not penalty > 0:
+            raise ValueError(f"repetition_penalty must be a float > 0, got {penalty!r}")
+        if isinstance(ngram, bool) or not isinstance(ngram, int) or ngram < 0:
+            raise ValueError(f"no_repeat_ngram_size must be an int >= 0 (0 = off), got {ngram!r}")
         self.c = config
         self.eos = config.eos_ids
         self.prompt_len = prompt_len
@@ -163,6 +191,10 @@ class _Processor:
 
     def __call__(self, tokens: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         c, cur_len = self.c, tokens.shape[1]
+        if c.repetition_penalty != 1.0:
+            scores = self._repetition_penalty(tokens, scores)
+        if c.no_repeat_ngram_size:
+            scores = self._no_repeat_ngram(tokens, scores)
         if self.bad_words:
             scores = scores + self._bad_words_bias(tokens, scores)
         if self.eos and cur_len < c.min_length:
@@ -179,6 +211,30 @@ class _Processor:
         if c.renormalize_logits:
             scores = scores.log_softmax(dim=-1)
         return scores
+
+    def _repetition_penalty(self, tokens: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """Every token id seen so far, once: ``score * p`` if negative, else ``score / p``."""
+        p, V = self.c.repetition_penalty, scores.shape[-1]
+        # ids outside the output vocabulary (a larger embedding table) go to a spare column
+        seen = tokens.new_zeros(tokens.shape[0], V + 1, dtype=torch.bool)
+        seen.scatter_(1, tokens.clamp(max=V), True)
+        penalised = torch.where(scores < 0, scores * p, scores / p)
+        return torch.where(seen[:, :V], penalised, scores)
+
+    def _no_repeat_ngram(self, tokens: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """Ban every token that would complete an n-gram already in the row (``n`` =
+        ``no_repeat_ngram_size``): one that followed an earlier occurrence of the row's
+        last ``n - 1`` tokens."""
+        n, (N, T), V = self.c.no_repeat_ngram_size, tokens.shape, scores.shape[-1]
+        if T < n:  # no complete n-gram yet
+            return scores
+        ngrams = tokens.unfold(1, n, 1)  # (N, T - n + 1, n): every n-gram so far
+        suffix = tokens[:, T - n + 1 :]  # (N, n - 1): what the next token would extend
+        hit = (ngrams[:, :, :-1] == suffix[:, None, :]).all(dim=-1)  # (N, T - n + 1)
+        # the last token of each matching n-gram is banned; misses go to a spare column
+        banned = tokens.new_zeros(N, V + 1, dtype=torch.bool)
+        banned.scatter_(1, torch.where(hit, ngrams[:, :, -1].clamp(max=V), V), True)
+        return scores.masked_fill(banned[:, :V], -float("inf"))
 
     def _bad_words_bias(self, tokens: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         bias = torch.zeros_like(scores)
@@ -224,7 +280,13 @@ def generate(
 
     ``decoder`` must already hold ``num_beams`` (beam search) or ``num_return_sequences``
     (greedy / sampling) rows per prompt, beams of one prompt adjacent. The result starts
-    with the prompt; rows that finish early are padded with ``pad_token_id``.
+    with the prompt; rows that finish early are padded with ``pad_token_id`` (default: the
+    first EOS). ``max_positions`` (the decoder's position table) bounds ``max_length``.
+    With ``do_sample`` and ``config.seed`` set, the draws come from a generator of their
+    own, so the same seed gives the same ids whatever the global RNG state.
+
+    A decoder-only captioner calls it with ``prompt = [[start]] * B``, e.g.
+    ``GenerationConfig(bos_token_id=sot, eos_token_id=eot, pad_token_id=0, ...)``.
     """
     if prompt.ndim != 2 or prompt.dtype != torch.long:
         raise ValueError(f"prompt must be a (B, T) long tensor, got {tuple(prompt.shape)}")
@@ -235,17 +297,40 @@ def generate(
             f"num_return_sequences ({config.num_return_sequences}) must be <= num_beams "
             f"({config.num_beams})"
         )
+    seed = config.seed
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ValueError(f"seed must be an int or None, got {seed!r}")
     if config.pad_token_id is None and config.eos_ids:
         config = config.update(pad_token_id=config.eos_ids[0])
     max_length = resolve_max_length(config, prompt.shape[1], max_positions)
+    draw = _Sampler(seed)
     if config.num_beams > 1:
-        return _beam_search(decoder, prompt, config, max_length)
+        return _beam_search(decoder, prompt, config, max_length, draw)
     rows = prompt.repeat_interleave(config.num_return_sequences, dim=0)
-    return _greedy_or_sample(decoder, rows, config, max_length)
+    return _greedy_or_sample(decoder, rows, config, max_length, draw)
+
+
+class _Sampler:
+    """``torch.multinomial`` over the global RNG (``seed=None``) or a private generator,
+    made on the device of the first probabilities it draws from."""
+
+    def __init__(self, seed: int | None) -> None:
+        self.seed = seed
+        self.generator: torch.Generator | None = None
+
+    def __call__(self, probs: torch.Tensor, num_samples: int) -> torch.Tensor:
+        """``probs`` ``(N, V)`` -> ``num_samples`` ids per row ``(N, num_samples)``."""
+        if self.seed is not None and self.generator is None:
+            self.generator = torch.Generator(device=probs.device).manual_seed(self.seed)
+        return torch.multinomial(probs, num_samples=num_samples, generator=self.generator)
 
 
 def _greedy_or_sample(
-    decoder: Decoder, tokens: torch.Tensor, config: GenerationConfig, max_length: int
+    decoder: Decoder,
+    tokens: torch.Tensor,
+    config: GenerationConfig,
+    max_length: int,
+    draw: _Sampler,
 ) -> torch.Tensor:
     process = _Processor(config, tokens.shape[1], max_length, beams=1)
     eos = tokens.new_tensor(config.eos_ids)
@@ -253,7 +338,7 @@ def _greedy_or_sample(
     while True:
         scores = process(tokens, decoder(tokens).float())  # (N, V)
         if config.do_sample:
-            next_tokens = torch.multinomial(scores.softmax(dim=-1), num_samples=1).squeeze(1)
+            next_tokens = draw(scores.softmax(dim=-1), 1).squeeze(1)
         else:
             next_tokens = scores.argmax(dim=-1)
         if len(eos):
@@ -272,7 +357,11 @@ def _gather(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 def _beam_search(
-    decoder: Decoder, prompt: torch.Tensor, config: GenerationConfig, max_length: int
+    decoder: Decoder,
+    prompt: torch.Tensor,
+    config: GenerationConfig,
+    max_length: int,
+    draw: _Sampler,
 ) -> torch.Tensor:
     """transformers' vectorised beam search (``GenerationMixin._beam_search``)."""
     K, lp = config.num_beams, config.length_penalty
@@ -283,7 +372,8 @@ def _beam_search(
     keep = max(2, 1 + len(eos)) * K  # candidates per prompt: enough to keep K alive
     top_k_mask = torch.arange(keep, device=device) < K  # only these may become finished
     process = _Processor(config, prompt_len, max_length, beams=K)
-    fill = (config.pad_token_id or config.eos_ids[0]) if len(eos) else -1
+    # what rows hold after their EOS (transformers' `pad or eos` would pad id 0 with EOS)
+    fill = config.pad_token_id if len(eos) else -1
 
     # running hypotheses (still extendable) and finished ones, K of each per prompt
     running = torch.full((B, K, max_length), fill, dtype=torch.long, device=device)
@@ -307,7 +397,7 @@ def _beam_search(
 
         # a. the best `keep` continuations over all beams of each prompt
         if config.do_sample:
-            idx = torch.multinomial(F.softmax(total, dim=-1), num_samples=keep)
+            idx = draw(F.softmax(total, dim=-1), keep)
             cand_scores = torch.gather(total, 1, idx)
             cand_scores, order = cand_scores.sort(dim=-1, descending=True)
             idx = idx.gather(-1, order)
