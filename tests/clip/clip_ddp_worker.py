@@ -2,7 +2,8 @@
 
 Every rank builds the same tiny two-tower model, wraps it in DDP, feeds its slice of a
 shared global batch and records, per loss setting: the loss, the DDP-averaged parameter
-gradients and the gradients on its local (leaf) features.
+gradients and the gradients on its local (leaf) features. The ``"coca"`` entry: the same
+towers plus teacher-forced caption logits, trained with ``CoCaLoss``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 B_LOCAL, D_IMG, D_TXT, E = 3, 10, 7, 6
+L_CAP, V_CAP = 4, 5  # caption positions and vocabulary of the "coca" entry
+COCA_WEIGHTS = dict(caption_loss_weight=2.0, clip_loss_weight=1.0)
 CASES = {
     "clip": dict(local_loss=False, gather_with_grad=False),
     "clip_local": dict(local_loss=True, gather_with_grad=False),
@@ -38,6 +41,28 @@ class Towers(nn.Module):
         return img, txt, self.logit_scale.exp(), self.logit_bias
 
 
+class CaptionTowers(Towers):
+    """``Towers`` + caption logits ``(b, L_CAP, V_CAP)`` read from the text input."""
+
+    def __init__(self) -> None:
+        super().__init__(bias=False)
+        self.caption = nn.Linear(D_TXT, L_CAP * V_CAP)
+
+    def forward(self, x_img: torch.Tensor, x_txt: torch.Tensor):
+        img, txt, scale, _ = super().forward(x_img, x_txt)
+        return img, txt, scale, self.caption(x_txt).view(-1, L_CAP, V_CAP)
+
+
+def caption_labels(world_size: int) -> torch.Tensor:
+    """``(N, L_CAP)`` token ids, pad (0) after a random length; every rank's slice has the
+    same number of real tokens (so the mean of the ranks' means is the global mean)."""
+    g = torch.Generator().manual_seed(5)
+    lengths = torch.tensor([4, 2, 3]).repeat(world_size)  # B_LOCAL = 3 rows a rank
+    labels = torch.randint(1, V_CAP, (world_size * B_LOCAL, L_CAP), generator=g)
+    pad = torch.arange(L_CAP)[None] >= lengths[:, None]
+    return labels.masked_fill(pad, 0)
+
+
 def data(world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(123)
     n = world_size * B_LOCAL
@@ -50,8 +75,10 @@ def make_model(bias: bool) -> Towers:
 
 
 def make_loss(case: str, **dist_kwargs):
-    from attn_clip.loss import ClipLoss, SigLipLoss
+    from attn_clip.loss import ClipLoss, CoCaLoss, SigLipLoss
 
+    if case == "coca":
+        return CoCaLoss(**COCA_WEIGHTS, gather_with_grad=True, **dist_kwargs)
     kwargs = CASES[case]
     return SigLipLoss(**dist_kwargs) if kwargs is None else ClipLoss(**kwargs, **dist_kwargs)
 
@@ -82,6 +109,18 @@ def run(rank: int, world_size: int, port: int, out_dir: str) -> None:
                 "feature_grads": (img_leaf.grad, txt_leaf.grad),
                 "features": (img.detach(), txt.detach()),
             }
+        torch.manual_seed(7)
+        ddp = nn.parallel.DistributedDataParallel(model := CaptionTowers())
+        img, txt, scale, logits = ddp(x_img[sl], x_txt[sl])
+        labels = caption_labels(world_size)[sl]
+        clip_loss, caption_loss = make_loss("coca")(img, txt, logits, labels, scale)
+        (clip_loss + caption_loss).backward()
+        results["coca"] = {
+            "loss": (clip_loss.detach(), caption_loss.detach()),
+            "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
+            "features": (img.detach(), txt.detach()),
+            "logits": logits.detach(),
+        }
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()

@@ -1,4 +1,5 @@
-"""Losses: values and gradients equal open_clip's; 2-process DDP equals one process."""
+"""Losses (CLIP, SigLIP, CoCa): values and gradients equal open_clip's; 2-process DDP equals
+one process."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
-from attn_clip import ClipLoss, SigLipLoss
+from attn_clip import ClipLoss, CoCaLoss, SigLipLoss
 from open_clip import loss as oc_loss
 from torch.testing import assert_close
 
@@ -50,6 +51,63 @@ def test_siglip_loss_matches_open_clip():
     assert_close(ours[0], ref[0])
     for g, r in zip(ours[1], ref[1], strict=True):
         assert_close(g, r)
+
+
+def _caption_inputs(n: int = 6, length: int = 5, vocab: int = 11):
+    """Caption logits ``(n, length, vocab)`` and labels with trailing pads (id 0), one row
+    all pads, some real tokens equal to 0's neighbours."""
+    logits = torch.randn(n, length, vocab).requires_grad_()
+    labels = torch.randint(1, vocab, (n, length))
+    lengths = torch.tensor([5, 3, 1, 0, 4, 2])[:n]
+    labels = labels.masked_fill(torch.arange(length)[None] >= lengths[:, None], 0)
+    return logits, labels
+
+
+def _coca_terms_and_grads(loss_fn, img, txt, scale, logits, labels):
+    leaves = [t.detach().clone().requires_grad_() for t in (img, txt, scale, logits)]
+    clip, caption = loss_fn(leaves[0], leaves[1], leaves[3], labels, leaves[2].exp())
+    (clip + caption).backward()
+    return [clip.detach(), caption.detach()], [t.grad for t in leaves]
+
+
+@pytest.mark.parametrize(("caption_w", "clip_w"), [(2.0, 1.0), (1.0, 0.0), (0.0, 0.5)])
+def test_coca_loss_matches_open_clip(caption_w, clip_w):
+    img, txt, scale, _ = _inputs()
+    logits, labels = _caption_inputs()
+    ours = _coca_terms_and_grads(CoCaLoss(caption_w, clip_w), img, txt, scale, logits, labels)
+    ref_fn = oc_loss.CoCaLoss(caption_loss_weight=caption_w, clip_loss_weight=clip_w)
+    ref_terms = ref_fn(img, txt, logits, labels, scale.exp())  # values; grads: where defined
+    for term, r in zip(ours[0], ref_terms, strict=True):
+        assert_close(term, r.to(term.dtype))
+    if clip_w:  # open_clip's zero clip term is a constant: its features get no gradient
+        ref = _coca_terms_and_grads(ref_fn, img, txt, scale, logits, labels)
+        for g, r in zip(ours[1], ref[1], strict=True):
+            assert_close(g, r)
+    else:  # ours keeps the graph with zero gradients (DDP needs every parameter used)
+        assert all(torch.equal(g, torch.zeros_like(g)) for g in ours[1][:3])
+        assert_close(ours[1][3], torch.autograd.grad(ref_terms[1], logits)[0])
+    out = CoCaLoss(caption_w, clip_w)(img, txt, logits, labels, 10.0, output_dict=True)
+    assert set(out) == {"contrastive_loss", "caption_loss"}
+
+
+def test_coca_caption_loss_ignores_pads_and_adds_up_over_micro_batches():
+    logits, labels = _caption_inputs()
+    loss = CoCaLoss(1.0, 1.0)
+    keep = labels != 0
+    by_hand = F.cross_entropy(logits[keep], labels[keep])  # pads (id 0) are not scored
+    assert_close(loss.captioning(logits, labels), by_hand)
+    # pad_id is the ignored id: with pad_id 3, id 0 is a real token and 3 is skipped
+    keep3 = labels != 3
+    assert_close(CoCaLoss(1.0, 1.0, pad_id=3).captioning(logits, labels),
+                 F.cross_entropy(logits[keep3], labels[keep3]))  # fmt: skip
+    n = loss.count_tokens(labels)
+    assert n == int(keep.sum()) == 15
+    halves = [
+        loss.captioning(logits[s], labels[s], num_tokens=n) for s in (slice(0, 2), slice(2, 6))
+    ]
+    assert_close(halves[0] + halves[1], by_hand)  # two micro-batches = the whole batch
+    with pytest.raises(ValueError, match=r"\(b, L, V\)"):
+        loss.captioning(logits, labels[:, :-1])
 
 
 def test_clip_loss_is_low_for_matching_pairs():
@@ -145,3 +203,30 @@ def test_ddp_ranks_match_open_clip_per_rank(ddp_results, case):
             else:
                 expected = (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
         assert_close(r[case]["loss"], expected, atol=1e-6, rtol=1e-5)
+
+
+def test_ddp_coca_ranks_match_open_clip_and_one_process(ddp_results):
+    """CoCaLoss under DDP: on each rank, open_clip's CoCaLoss on the gathered features
+    (contrastive term) and the rank's own caption logits (caption term: a local mean); with
+    equal token counts per rank, the DDP-averaged gradients equal one process's."""
+    worker, ranks = ddp_results
+    all_img = torch.cat([r["coca"]["features"][0] for r in ranks])
+    all_txt = torch.cat([r["coca"]["features"][1] for r in ranks])
+    labels = worker.caption_labels(2)
+    torch.manual_seed(7)
+    model = worker.CaptionTowers()
+    scale = model.logit_scale.detach().exp()
+    ref = oc_loss.CoCaLoss(**worker.COCA_WEIGHTS)  # world_size 1, over the gathered batch
+    b = worker.B_LOCAL
+    for rank, r in enumerate(ranks):
+        sl = slice(rank * b, (rank + 1) * b)
+        expected = ref(all_img, all_txt, r["coca"]["logits"], labels[sl], scale)
+        for term, e in zip(r["coca"]["loss"], expected, strict=True):
+            assert_close(term, e, atol=1e-6, rtol=1e-5)
+
+    img, txt, scale, logits = model(*worker.data(2))
+    clip, caption = worker.make_loss("coca", rank=0, world_size=1)(img, txt, logits, labels, scale)
+    (clip + caption).backward()
+    for r in ranks:
+        for name, p in model.named_parameters():
+            assert_close(r["coca"]["grads"][name], p.grad, atol=1e-6, rtol=1e-5)

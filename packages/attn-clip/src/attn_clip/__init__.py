@@ -46,7 +46,7 @@ _EXPORTS = {
         "save_weights",
     ],
     "finetune": ["add_logit_bias", "wise_ft"],
-    "loss": ["ClipLoss", "SigLipLoss"],
+    "loss": ["ClipLoss", "CoCaLoss", "SigLipLoss"],
     "model": ["CLIP", "CLIPOutput"],
     "pretrained": ["Checkpoint", "read_checkpoint"],
     "registry": [
@@ -139,7 +139,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     )
     from .finetune import add_logit_bias, wise_ft
     from .init import init_vision_like_open_clip
-    from .loss import ClipLoss, SigLipLoss
+    from .loss import ClipLoss, CoCaLoss, SigLipLoss
     from .model import CLIP, CLIPOutput
     from .pretrained import Checkpoint, read_checkpoint
     from .registry import (

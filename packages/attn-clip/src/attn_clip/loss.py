@@ -1,4 +1,5 @@
-"""Contrastive losses: ``ClipLoss`` (symmetric InfoNCE) and ``SigLipLoss`` (pairwise sigmoid).
+"""Contrastive losses: ``ClipLoss`` (symmetric InfoNCE), ``SigLipLoss`` (pairwise sigmoid),
+and ``CoCaLoss`` (CoCa's: ``ClipLoss`` + the caption cross-entropy).
 
 Shape legend: ``b`` local batch (this rank), ``W`` world size, ``N = W * b`` global
 batch, ``E`` embedding width. Features are L2-normalized ``(b, E)``; ``logit_scale`` is
@@ -20,7 +21,11 @@ contrasts its pairs against the whole global batch:
 * ``SigLipLoss`` gathers text features with autograd and adds the negatives against the
   other ranks' captions; after DDP averaging it also matches the single-process loss.
 
-Both mirror open_clip's ``ClipLoss`` / ``SigLipLoss`` values and gradients.
+* ``CoCaLoss``'s contrastive part is ``ClipLoss`` (the same gathering); its caption part
+  is a mean over this rank's tokens, as in open_clip (DDP then averages the ranks' means).
+
+All three mirror open_clip's ``ClipLoss`` / ``SigLipLoss`` / ``CoCaLoss`` values and
+gradients.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["ClipLoss", "SigLipLoss", "gather_features"]
+__all__ = ["ClipLoss", "CoCaLoss", "SigLipLoss", "gather_features"]
 
 
 def _dist_info(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -225,3 +230,90 @@ class SigLipLoss(nn.Module):
                         image_features, texts, logit_scale, logit_bias, True
                     )
         return {"contrastive_loss": loss} if output_dict else loss
+
+
+class CoCaLoss(ClipLoss):
+    """CoCa's loss (open_clip's ``CoCaLoss``): ``clip_loss_weight * ClipLoss`` and
+    ``caption_loss_weight * cross-entropy`` of the teacher-forced caption logits, label
+    tokens equal to ``pad_id`` ignored (open_clip's tokenizer pads with 0).
+
+    Shapes: ``logits`` ``(b, L, V)`` (``L`` predicted positions, ``V`` vocabulary),
+    ``labels`` ``(b, L)`` token ids -- ``CoCaOutput.logits`` / ``.labels``. Returns the
+    weighted ``(contrastive_loss, caption_loss)`` (open_clip's order; their sum is what is
+    trained), or the dict ``{"contrastive_loss", "caption_loss"}`` with ``output_dict``.
+
+    ``num_tokens`` (keyword): divide the summed caption cross-entropy by this many tokens
+    instead of the batch's own non-pad count, so that the micro-batches of one update
+    (:func:`attn_train.contrastive_step`) add up to the loss of their concatenation; count
+    them with :meth:`count_tokens`. A weight of 0 gives a zero term that keeps its graph
+    (every parameter still gets a gradient, which DDP needs).
+    """
+
+    def __init__(
+        self,
+        caption_loss_weight: float,
+        clip_loss_weight: float,
+        pad_id: int = 0,
+        local_loss: bool = False,
+        gather_with_grad: bool = False,
+        cache_labels: bool = False,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
+        super().__init__(local_loss, gather_with_grad, cache_labels, rank, world_size)
+        self.caption_loss_weight = caption_loss_weight
+        self.clip_loss_weight = clip_loss_weight
+        self.pad_id = pad_id
+
+    def count_tokens(self, labels: torch.Tensor) -> int:
+        """How many of ``labels`` ``(b, L)`` are scored (not ``pad_id``)."""
+        return int((labels != self.pad_id).sum())
+
+    def contrastive(
+        self,
+        image_features: torch.Tensor,
+        text_features: torch.Tensor,
+        logit_scale: torch.Tensor | float,
+        logit_bias: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``clip_loss_weight * ClipLoss(...)`` (a scalar)."""
+        loss = super().forward(image_features, text_features, logit_scale, logit_bias)
+        return self.clip_loss_weight * loss
+
+    def captioning(
+        self, logits: torch.Tensor, labels: torch.Tensor, num_tokens: int | None = None
+    ) -> torch.Tensor:
+        """``caption_loss_weight *`` the mean cross-entropy of the non-pad tokens (or their
+        sum over ``num_tokens``); ``logits`` ``(b, L, V)``, ``labels`` ``(b, L)``."""
+        if logits.ndim != 3 or labels.shape != logits.shape[:2]:
+            raise ValueError(
+                f"caption logits must be (b, L, V) and labels (b, L); got "
+                f"{tuple(logits.shape)} and {tuple(labels.shape)}"
+            )
+        # (b * L, V) rows: the same value as open_clip's cross_entropy(logits.permute(0, 2,
+        # 1), labels), without the strided (b, V, L) layout (several times slower on CPU)
+        flat, target = logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)
+        if num_tokens is None:
+            loss = F.cross_entropy(flat, target, ignore_index=self.pad_id)
+        else:
+            loss = F.cross_entropy(flat, target, ignore_index=self.pad_id, reduction="sum")
+            loss = loss / max(num_tokens, 1)
+        return self.caption_loss_weight * loss
+
+    def forward(
+        self,
+        image_features: torch.Tensor,
+        text_features: torch.Tensor,
+        logits: torch.Tensor,
+        labels: torch.Tensor,
+        logit_scale: torch.Tensor | float,
+        output_dict: bool = False,
+        *,
+        logit_bias: torch.Tensor | None = None,
+        num_tokens: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor] | dict[str, torch.Tensor]:
+        clip_loss = self.contrastive(image_features, text_features, logit_scale, logit_bias)
+        caption_loss = self.captioning(logits, labels, num_tokens)
+        if output_dict:
+            return {"contrastive_loss": clip_loss, "caption_loss": caption_loss}
+        return clip_loss, caption_loss
