@@ -36,7 +36,13 @@ from typing import Any
 import torch
 from attn_core import hub
 
-from .config import CLIPConfig, CLIPTextConfig, CLIPVisionConfig, PreprocessConfig
+from .config import (
+    CLIPConfig,
+    CLIPTextConfig,
+    CLIPVisionConfig,
+    MultimodalConfig,
+    PreprocessConfig,
+)
 from .convert import detect_format, fit_to_model, to_attn_clip, to_open_clip
 from .model import CLIP
 from .pretrained import (
@@ -198,11 +204,13 @@ def _compute_non_persistent_buffers(model: CLIP) -> None:
 
 
 def _with_overrides(config: CLIPConfig, overrides: dict[str, Any]) -> CLIPConfig:
-    """``config`` with top-level fields and ``vision={...}`` / ``text={...}`` fields replaced
-    (a dict field is updated: ``vision={"convnext": {"depths": (1, 1, 2, 1)}}``)."""
+    """``config`` with top-level fields and ``vision={...}`` / ``text={...}`` /
+    ``multimodal={...}`` fields replaced (a dict field is updated: ``vision={"convnext":
+    {"depths": (1, 1, 2, 1)}}``; ``multimodal`` on a config without one starts from
+    :class:`MultimodalConfig`'s defaults)."""
     top = {f.name for f in fields(CLIPConfig)}
     unknown = sorted(set(overrides) - top)
-    sub = {"vision": CLIPVisionConfig, "text": CLIPTextConfig}
+    sub = {"vision": CLIPVisionConfig, "text": CLIPTextConfig, "multimodal": MultimodalConfig}
     for key, cls in sub.items():
         value = overrides.get(key)
         if isinstance(value, Mapping):
@@ -211,11 +219,11 @@ def _with_overrides(config: CLIPConfig, overrides: dict[str, Any]) -> CLIPConfig
     if unknown:
         raise ValueError(
             f"unknown CLIP config override(s): {', '.join(unknown)}; valid: {sorted(top)} "
-            "(vision= / text= take a dict of their config's fields)"
+            "(vision= / text= / multimodal= take a dict of their config's fields)"
         )
     for key in sub:
         if isinstance(overrides.get(key), Mapping):
-            tower = getattr(config, key)
+            tower = getattr(config, key) or sub[key]()  # multimodal may be None
             fields_ = dict(overrides[key])
             for name, value in fields_.items():  # dict fields merge: convnext={"depths": ...}
                 if isinstance(value, Mapping) and isinstance(getattr(tower, name), dict):
@@ -258,7 +266,8 @@ def create_model(
             ``pure_fp16``, ``bf16`` / ``pure_bf16`` (weights cast).
         quick_gelu: force QuickGELU (True) or GELU (False); default: what the weights say.
         cache_dir, local_files_only: passed to the hub download.
-        **overrides: :class:`CLIPConfig` fields (``vision=`` / ``text=`` take dicts).
+        **overrides: :class:`CLIPConfig` fields (``vision=`` / ``text=`` /
+            ``multimodal=`` take dicts).
 
     Raises :class:`attn_core.hub.WeightsError` subclasses when weights cannot be had or do
     not fit, ``ValueError`` for unknown names, tags or overrides.
