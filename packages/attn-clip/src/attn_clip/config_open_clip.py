@@ -274,4 +274,6 @@ def to_open_clip(config: Any) -> dict[str, Any]:
         out["multimodal_cfg"] = {"width": m.width, "layers": m.layers, "heads": m.heads,
                                  "context_length": m.context_length,
                                  "ls_init_value": m.ls_init_value}  # fmt: skip
+        # open_clip's CoCa reads the towers' tokens: without it they return embeddings only
+        vision_cfg["output_tokens"] = text_cfg["output_tokens"] = True
     return out

@@ -484,7 +484,14 @@ def to_open_clip(
             raise ValueError(f"attn_clip key {k!r} has no open_clip name")
     if pool_bias:
         out["visual.attn_pool.attn.in_proj_bias"] = torch.cat(pool_bias)
+    if "text.cls_emb" in sd:  # CoCa: open_clip's CoCa keeps its text tower under text.
+        out = {("text." + k if k.startswith(_OPEN_CLIP_TEXT) else k): t for k, t in out.items()}
     return out
+
+
+# the text tower's top-level open_clip names (CLIP's layout), moved under text. for CoCa
+_OPEN_CLIP_TEXT = ("token_embedding.", "token_proj.", "positional_embedding", "transformer.",
+                   "ln_final.", "text_projection", "cls_emb")  # fmt: skip
 
 
 def fit_to_model(sd: StateDict, expected: Mapping[str, torch.Tensor]) -> StateDict:
