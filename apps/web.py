@@ -1,9 +1,10 @@
-"""A web demo of CLIP in the browser (Gradio): zero-shot classification and image search.
+"""A web demo of CLIP in the browser (Gradio): zero-shot classification, image search, captions.
 
     uv run apps/web.py                                   # then open http://127.0.0.1:7860
     uv run apps/web.py --model demo-shapes               # the bundled model: no network at all
     uv run apps/web.py --index shapes.idx                # + search an index (with its model)
     uv run apps/web.py --model ViT-B-16 --pretrained laion2b_s34b_b88k --port 8080
+    uv run apps/web.py --model coca_ViT-B-32 --pretrained mscoco_finetuned_laion2b_s13b_b90k
 
 Zero-shot tab: an image (upload, paste, or one of the examples), labels (comma or newline
 separated) and an optional template give a ranked bar chart of probabilities (a softmax over
@@ -11,7 +12,9 @@ the labels, or independent sigmoids for SigLIP-style models) and the heatmap of 
 model looked for the top label -- the computations of apps/zero_shot.py and its --explain.
 Search tab (with --index, built by apps/retrieval.py index): a text or an image query gives
 the top-k images of the index with their cosine similarities. An index built with another
-model than the one loaded is not searched: the tab says so.
+model than the one loaded is not searched: the tab says so. Caption tab (with a CoCa model:
+coca_ViT-B-32, ...): an image gives its caption(s) -- greedy, beam search or sampling -- as
+apps/caption.py prints them; with another model the tab says it needs a CoCa.
 
 With no --model, the model is the index's (with --index), else ViT-B-32 (openai), or the
 bundled demo-shapes when those weights cannot be had (offline). Bad input in the page (not
@@ -68,6 +71,9 @@ MAX_UPLOAD = "100mb"  # per file; larger uploads are refused by the server
 QUEUE_SIZE = 64  # requests waiting; more get "queue full" in the page
 CLASSIFIER_CACHE = 32  # label sets whose text embeddings are kept
 DEFAULT_TEMPLATE = "a photo of a {}."  # apps/zero_shot.py's
+DECODINGS = ("greedy", "beam search", "sampling")  # the caption tab's choices
+MAX_BEAMS = 8
+MAX_CAPTIONS = 5  # per image
 
 
 # -- the functions behind the tabs (no Gradio needed) --------------------------------------
@@ -126,6 +132,66 @@ class Prediction:
     @property
     def how(self) -> str:
         return "independent sigmoids" if self.sigmoid else "softmax"
+
+
+@dataclass
+class Captions:
+    """An image's captions, best (or first sampled) first."""
+
+    captions: list[str]
+    how: str  # the decoding, in words
+    seconds: float = 0.0
+
+
+def caption_options(
+    decoding: str,
+    beams: Any = 3,
+    num_captions: Any = 1,
+    top_p: Any = 0.9,
+    temperature: Any = 1.0,
+    seed: Any = None,
+) -> tuple[dict, str]:
+    """The caption tab's choices -> ``(CoCa.generate options, the decoding in words)``
+    (apps/caption.py's --beams / --sample --top-p --temperature --seed / --num-captions)."""
+
+    def number(value: Any, name: str, kind: type = int) -> Any:
+        try:
+            out = kind(value)
+            whole = kind is not int or out == float(value)
+        except (TypeError, ValueError):
+            raise InputError(f"{name} must be a number, got {value!r}") from None
+        if not whole:
+            raise InputError(f"{name} must be a whole number, got {value!r}")
+        return out
+
+    if decoding not in DECODINGS:
+        raise InputError(f"decoding must be one of {', '.join(DECODINGS)}, got {decoding!r}")
+    n = number(num_captions, "captions")
+    if not 1 <= n <= MAX_CAPTIONS:
+        raise InputError(f"captions must be between 1 and {MAX_CAPTIONS}, got {n}")
+    if decoding == "greedy":
+        if n > 1:
+            raise InputError("greedy decoding gives one caption: pick beam search or sampling")
+        return {}, "greedy"
+    if decoding == "beam search":
+        beams = number(beams, "beams")
+        if not 2 <= beams <= MAX_BEAMS:
+            raise InputError(f"beams must be between 2 and {MAX_BEAMS}, got {beams}")
+        if n > beams:
+            raise InputError(f"{n} captions need at least {n} beams (got {beams})")
+        return {"num_beams": beams, "num_return_sequences": n}, f"beam search, {beams} beams"
+    top_p, temperature = number(top_p, "top-p", float), number(temperature, "temperature", float)
+    if not 0 < top_p <= 1:
+        raise InputError(f"top-p must be in (0, 1], got {top_p}")
+    if not temperature > 0:
+        raise InputError(f"temperature must be > 0, got {temperature}")
+    options = {"do_sample": True, "top_p": top_p, "temperature": temperature,
+               "num_return_sequences": n}  # fmt: skip
+    how = f"sampling, top-p {top_p:g}, temperature {temperature:g}"
+    if seed is not None and str(seed).strip() != "":
+        options["seed"] = number(seed, "seed")
+        how += f", seed {options['seed']}"
+    return options, how
 
 
 @dataclass
@@ -202,6 +268,21 @@ class WebDemo:
     @property
     def sigmoid(self) -> bool:
         return self.loaded.model.logit_bias is not None
+
+    @property
+    def is_coca(self) -> bool:
+        """The model has a captioning decoder (the caption tab is active)."""
+        return self.loaded.model.config.is_coca
+
+    def no_decoder(self) -> str:
+        """What the caption tab says for a model without a captioning decoder."""
+        import attn_clip
+
+        return (
+            f"{self.model_name} has no captioning decoder: captions need a CoCa model; "
+            f"start the app with --model {' / '.join(attn_clip.list_models('*coca*'))} "
+            "(and its --pretrained tag) or a folder saved from one"
+        )
 
     def _classifier(self, labels: list[str], templates: list[str]):
         import attn_clip
@@ -280,6 +361,30 @@ class WebDemo:
                     pred.notes.append(f"no heatmap for this model ({type(e).__name__}: {e})")
         pred.seconds = time.perf_counter() - start
         return pred
+
+    def caption(
+        self,
+        image_path: str | os.PathLike | None,
+        decoding: str = "greedy",
+        beams: Any = 3,
+        num_captions: Any = 1,
+        top_p: Any = 0.9,
+        temperature: Any = 1.0,
+        seed: Any = None,
+    ) -> Captions:
+        """The image's caption(s) from the CoCa decoder (apps/caption.py's computation)."""
+        import torch
+
+        if not self.is_coca:
+            raise InputError(self.no_decoder())
+        options, how = caption_options(decoding, beams, num_captions, top_p, temperature, seed)
+        image = open_upload(image_path)
+        start = time.perf_counter()
+        loaded = self.loaded
+        with self._lock, torch.inference_mode():
+            x = loaded.preprocess(image)[None].to(loaded.device)
+            captions = loaded.model.caption(x, **options)
+        return Captions(captions, how, time.perf_counter() - start)
 
     def search(
         self, text: str | None, image_path: str | os.PathLike | None, k: int = 8
@@ -400,8 +505,20 @@ def search_outputs(demo: WebDemo, text, image, k=8):
     return [(h.image, h.caption) for h in hits], _md(status)
 
 
+def caption_outputs(demo: WebDemo, image, decoding="greedy", beams=3, num_captions=1,
+                    top_p=0.9, temperature=1.0, seed=None):  # fmt: skip
+    """The caption tab: ``(the captions, one per line, or "", status text)``."""
+    try:
+        result = demo.caption(image, decoding, beams, num_captions, top_p, temperature, seed)
+    except Exception as e:
+        return "", _error(e)
+    n = len(result.captions)
+    status = f"{n} caption{'s' if n > 1 else ''} ({result.how}, {result.seconds:.2f} s)"
+    return "\n".join(result.captions), _md(status)
+
+
 def build_app(demo: WebDemo):
-    """The Gradio Blocks of the two tabs (not launched)."""
+    """The Gradio Blocks of the three tabs (not launched)."""
     gr = _gradio()
 
     def on_classify(image, labels, template, explain, method):
@@ -412,6 +529,10 @@ def build_app(demo: WebDemo):
 
     def on_search(text, image, k):
         return search_outputs(demo, text, image, k)
+
+    def on_caption(image, decoding, beams, num_captions, top_p, temperature, seed):
+        return caption_outputs(demo, image, decoding, beams, num_captions, top_p, temperature,
+                               seed)  # fmt: skip
 
     one_line = {"concurrency_id": "model", "concurrency_limit": 1}  # all events: one line
     scoring = "independent sigmoids (SigLIP-style)" if demo.sigmoid else "a softmax over the labels"
@@ -500,6 +621,41 @@ def build_app(demo: WebDemo):
             s_text.submit(
                 on_search, [s_text, s_image, s_k], [s_gallery, s_status], api_name=False, **one_line
             )
+
+        with gr.Tab("Caption", id="caption"):
+            if not demo.is_coca:
+                gr.Markdown(_md(demo.no_decoder()), elem_id="cap-notice")
+            else:
+                with gr.Row():
+                    with gr.Column():
+                        c_image = checked_image(
+                            gr, label="Image (upload or paste)", elem_id="c-image"
+                        )
+                        c_decoding = gr.Radio(
+                            list(DECODINGS), value="greedy", label="Decoding", elem_id="c-decoding"
+                        )
+                        with gr.Row():
+                            c_beams = gr.Slider(2, MAX_BEAMS, value=3, step=1, label="Beams")
+                            c_n = gr.Slider(1, MAX_CAPTIONS, value=1, step=1, label="Captions")
+                        with gr.Row():
+                            c_top_p = gr.Slider(
+                                0.05, 1, value=0.9, step=0.05, label="Sampling: top-p"
+                            )
+                            c_temp = gr.Slider(0.1, 2, value=1.0, step=0.1, label="Temperature")
+                            c_seed = gr.Number(value=0, precision=0, label="Seed (empty: random)")
+                        c_button = gr.Button("Caption", variant="primary", elem_id="c-run")
+                    with gr.Column():
+                        c_status = gr.Markdown(elem_id="c-status")
+                        c_text = gr.Textbox(
+                            lines=5, label="Caption(s)", interactive=False, elem_id="c-text"
+                        )
+                c_button.click(
+                    on_caption,
+                    [c_image, c_decoding, c_beams, c_n, c_top_p, c_temp, c_seed],
+                    [c_text, c_status],
+                    api_name="caption",
+                    **one_line,
+                )
     # one request at a time, a bounded waiting line: two users cannot exhaust memory
     app.queue(default_concurrency_limit=1, max_size=QUEUE_SIZE)
     return app

@@ -3,7 +3,9 @@ command line (bad input: one line, exit 2; Ctrl-C: exit 130), and the page itsel
 headless Chromium (Debian's ``chromium`` + ``chromium-driver``, through Selenium): upload
 docs/assets/red_circle.png and see "red circle" ranked first, search an index built by
 apps/retrieval.py (tests/_support/retrieval.py's gallery) and see the red circles first,
-bad input shown in the page while the server keeps serving. The browser tests skip, saying
+bad input shown in the page while the server keeps serving; the caption tab on a second
+server with a random-init tiny CoCa (saved to a folder) gives the library's captions, and on
+demo-shapes says that it needs a CoCa. The browser tests skip, saying
 why, only where Chromium or its driver is missing (.ci/run installs both with apt-get).
 
 Set WEB_SCREENSHOTS=DIR to also copy the browser tests' screenshots there (docs/assets has
@@ -53,6 +55,34 @@ def loaded():
 @pytest.fixture(scope="module")
 def demo(loaded):
     return web.WebDemo(loaded)
+
+
+@pytest.fixture(scope="module")
+def coca_dir(tmp_path_factory) -> Path:
+    """A random-init tiny coca_ViT-B-32 in a save_pretrained folder."""
+    import attn_clip
+
+    torch.manual_seed(0)
+    model = attn_clip.create_model(
+        "coca_ViT-B-32",
+        embed_dim=64,
+        vision={"layers": 1, "width": 64, "head_width": 32, "image_size": 32, "patch_size": 16,
+                "attn_pooler_queries": 8, "attn_pooler_heads": 2},
+        text={"layers": 1, "width": 64, "heads": 2},
+        multimodal={"layers": 1, "width": 64, "heads": 2},
+    )  # fmt: skip
+    return attn_clip.save_pretrained(model, tmp_path_factory.mktemp("coca") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def coca_demo(coca_dir):
+    return web.WebDemo(web.load_model(str(coca_dir), None, "cpu", "fp32"))
+
+
+def library_captions(demo, image: Path, **options) -> list[str]:
+    loaded = demo.loaded
+    x = loaded.preprocess(Image.open(image).convert("RGB"))[None]
+    return loaded.model.caption(x, **options)
 
 
 @pytest.fixture(scope="module")
@@ -284,6 +314,107 @@ def test_build_app_queues_every_request_on_one_line(search_demo):
     assert {(fn.concurrency_id, fn.concurrency_limit) for fn in fns} == {("model", 1)}
 
 
+def test_caption_options():
+    assert web.caption_options("greedy") == ({}, "greedy")
+    assert web.caption_options("beam search", 4.0, 2) == (
+        {"num_beams": 4, "num_return_sequences": 2},
+        "beam search, 4 beams",
+    )
+    options, how = web.caption_options("sampling", 3, 3, 0.5, 0.7, 11)
+    assert options == {"do_sample": True, "top_p": 0.5, "temperature": 0.7,
+                       "num_return_sequences": 3, "seed": 11}  # fmt: skip
+    assert how == "sampling, top-p 0.5, temperature 0.7, seed 11"
+    assert "seed" not in web.caption_options("sampling", seed=None)[0]  # empty: random
+    assert "seed" not in web.caption_options("sampling", seed=" ")[0]
+    bad = [
+        (("nucleus",), "decoding must be one of greedy, beam search, sampling"),
+        (("greedy", 3, 2), "greedy decoding gives one caption"),
+        (("beam search", 1), "beams must be between 2 and 8"),
+        (("beam search", 2, 3), "3 captions need at least 3 beams (got 2)"),
+        (("beam search", 2.5), "beams must be a whole number"),
+        (("sampling", 3, 9), "captions must be between 1 and 5"),
+        (("sampling", 3, 1, 0), "top-p must be in (0, 1]"),
+        (("sampling", 3, 1, 0.9, 0), "temperature must be > 0"),
+        (("sampling", 3, 1, 0.9, 1.0, "x"), "seed must be a number"),
+    ]
+    for args, needle in bad:
+        with pytest.raises(web.InputError, match=re.escape(needle)):
+            web.caption_options(*args)
+
+
+def test_caption_tab_gives_the_library_s_captions(coca_demo):
+    got = coca_demo.caption(str(RED_CIRCLE))
+    assert got.captions == library_captions(coca_demo, RED_CIRCLE) and got.how == "greedy"
+    beams = coca_demo.caption(str(RED_CIRCLE), "beam search", 3, 2)
+    expected = library_captions(coca_demo, RED_CIRCLE, num_beams=3, num_return_sequences=2)
+    assert beams.captions == expected and len(expected) == 2
+    sampled = [coca_demo.caption(str(RED_CIRCLE), "sampling", seed=s).captions for s in (5, 5, 6)]
+    assert sampled[0] == sampled[1] != sampled[2]
+    assert sampled[0] == library_captions(
+        coca_demo, RED_CIRCLE, do_sample=True, top_p=0.9, temperature=1.0, seed=5
+    )
+
+    text, status = web.caption_outputs(coca_demo, str(RED_CIRCLE), "beam search", 3, 2)
+    assert text.split("\n") == expected
+    assert plain(status).startswith("2 captions (beam search, 3 beams, "), status
+
+
+def test_caption_tab_gives_the_captions_of_the_command_line_app(coca_demo, coca_dir, capsys):
+    import caption
+
+    argv = [str(RED_CIRCLE), "--model", str(coca_dir), "--device", "cpu", "--json"]
+    assert (
+        caption.main([*argv, "--sample", "--top-p", "0.8", "--seed", "2", "--num-captions", "2"])
+        == 0
+    )
+    cli = json.loads(capsys.readouterr().out)[0]["captions"]
+    assert coca_demo.caption(str(RED_CIRCLE), "sampling", 3, 2, 0.8, 1.0, 2).captions == cli
+
+
+@pytest.mark.parametrize(
+    "case,needle",
+    [
+        ("no_image", "no image: upload one"),
+        ("not_an_image", "notes.png: not an image"),
+        ("greedy_two", "greedy decoding gives one caption"),
+        ("top_p", "top-p must be in (0, 1]"),
+    ],
+)
+def test_caption_bad_input_gives_a_message_in_the_page(coca_demo, tmp_path, case, needle):
+    image, args = str(RED_CIRCLE), ()
+    if case == "no_image":
+        image = None
+    elif case == "not_an_image":
+        image = tmp_path / "notes.png"
+        image.write_text("this is a text file")
+    elif case == "greedy_two":
+        args = ("greedy", 3, 2)
+    else:
+        args = ("sampling", 3, 1, 0.0)
+    text, status = web.caption_outputs(coca_demo, image, *args)
+    assert text == "" and status.startswith("**Error:** "), status
+    assert needle in plain(status), status
+    assert str(tmp_path) not in status and "\n" not in status
+
+
+def test_caption_tab_without_a_coca_says_so(demo):
+    text, status = web.caption_outputs(demo, str(RED_CIRCLE))
+    assert text == "" and plain(status).startswith(
+        "**Error:** demo-shapes (shapes) has no captioning decoder: captions need a CoCa model"
+    ), status
+    app = web.build_app(demo)
+    assert "on_caption" not in {fn.name for fn in app.fns.values()}
+    notice = [b for b in app.blocks.values() if getattr(b, "elem_id", None) == "cap-notice"]
+    assert len(notice) == 1 and "--model coca_base / coca_ViT-B-32" in plain(notice[0].value)
+
+
+def test_caption_tab_with_a_coca_queues_on_the_model_line(coca_demo):
+    app = web.build_app(coca_demo)
+    fns = [fn for fn in app.fns.values() if fn.name == "on_caption"]
+    assert [(fn.concurrency_id, fn.concurrency_limit) for fn in fns] == [("model", 1)]
+    assert not [b for b in app.blocks.values() if getattr(b, "elem_id", None) == "cap-notice"]
+
+
 # -- the command line ----------------------------------------------------------------------
 
 
@@ -325,11 +456,8 @@ def find_chromium() -> tuple[str | None, str | None]:
     return browser, driver
 
 
-@pytest.fixture(scope="module", autouse=True)
-def started_server(index_path, tmp_path_factory):
-    """`apps/web.py --model demo-shapes --index IDX` on a free port, as a user starts it:
-    started with the module, so that its start-up (importing torch and Gradio, ~15 s) runs
-    beside the in-process tests; :func:`server` waits for it."""
+def start_server(tmp_path_factory, *args):
+    """`apps/web.py ARGS` on a free port, as a user starts it: ``(process, port, logs)``."""
     logs = tmp_path_factory.mktemp("web_server")
     port = free_port()
     env = {
@@ -339,9 +467,8 @@ def started_server(index_path, tmp_path_factory):
         "GRADIO_ANALYTICS_ENABLED": "False",
     }
     out, err = open(logs / "stdout", "w+"), open(logs / "stderr", "w+")  # noqa: SIM115
-    cmd = [sys.executable, str(APPS / "web.py"), "--model", "demo-shapes"]
     proc = subprocess.Popen(
-        [*cmd, "--index", str(index_path), "--port", str(port)],
+        [sys.executable, str(APPS / "web.py"), *map(str, args), "--port", str(port)],
         stdout=out,
         stderr=err,
         env=env,
@@ -350,18 +477,41 @@ def started_server(index_path, tmp_path_factory):
         # (`cmd &` starts them with SIGINT ignored, and Python keeps an ignored SIGINT)
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    yield proc, port, logs
+    return proc, port, logs, (out, err)
+
+
+def stop_server(proc, files) -> None:
     if proc.poll() is None:
         proc.kill()
         proc.wait()
-    out.close()
-    err.close()
+    for f in files:
+        f.close()
 
 
-@pytest.fixture(scope="module")
-def server(started_server):
-    """The server, once it serves."""
-    proc, port, logs = started_server
+@pytest.fixture(scope="module", autouse=True)
+def started_server(index_path, tmp_path_factory):
+    """`apps/web.py --model demo-shapes --index IDX`, started with the module, so that its
+    start-up (importing torch and Gradio, ~15 s) runs beside the in-process tests;
+    :func:`server` waits for it."""
+    proc, port, logs, files = start_server(
+        tmp_path_factory, "--model", "demo-shapes", "--index", index_path
+    )
+    yield proc, port, logs
+    stop_server(proc, files)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def started_coca_server(coca_dir, tmp_path_factory):
+    """`apps/web.py --model TINY_COCA_FOLDER`, for the caption tab (started with the module
+    too); :func:`coca_server` waits for it."""
+    proc, port, logs, files = start_server(tmp_path_factory, "--model", coca_dir)
+    yield proc, port, logs
+    stop_server(proc, files)
+
+
+def serving(started):
+    """The server, once it serves: ``(process, url, logs)``."""
+    proc, port, logs = started
     deadline = time.monotonic() + 180
     while "serving" not in (logs / "stdout").read_text():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -369,6 +519,16 @@ def server(started_server):
             pytest.fail(f"the server did not start: {(logs / 'stderr').read_text()}")
         time.sleep(0.2)
     return proc, f"http://127.0.0.1:{port}/", logs
+
+
+@pytest.fixture(scope="module")
+def server(started_server):
+    return serving(started_server)
+
+
+@pytest.fixture(scope="module")
+def coca_server(started_coca_server):
+    return serving(started_coca_server)
 
 
 @pytest.fixture(scope="module")
@@ -564,6 +724,87 @@ def test_browser_search(browser, server, tmp_path):
     status = wait_for(browser, lambda d: answered(d, "#s-status", status), what="the error")
     assert status == "Error: empty query: type a text or drop an image", status
     assert proc.poll() is None
+
+
+def open_tab(driver, url: str, word: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver.get(url)
+    tab = wait_for(
+        driver,
+        lambda d: [
+            t for t in d.find_elements(By.CSS_SELECTOR, "button[role=tab]") if word in t.text
+        ],
+        what=f"the {word} tab",
+    )
+    tab[0].click()
+
+
+def caption_in_page(driver, decoding: str) -> tuple[str, str]:
+    """Pick the decoding, click Caption, wait: ``(status, captions text)``."""
+    from selenium.webdriver.common.by import By
+
+    choice = [
+        label
+        for label in driver.find_elements(By.CSS_SELECTOR, "#c-decoding label")
+        if label.text.strip() == decoding
+    ]
+    choice[0].click()
+    before = text_of(driver, "#c-status")
+    driver.find_element(By.CSS_SELECTOR, "#c-run").click()
+    status = wait_for(driver, lambda d: answered(d, "#c-status", before), what="the captions")
+    text = driver.find_element(By.CSS_SELECTOR, "#c-text textarea").get_attribute("value")
+    return status, text
+
+
+def test_browser_caption(browser, coca_server, coca_demo, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    proc, url, _ = coca_server
+    open_tab(browser, url, "Caption")
+    upload = wait_for(
+        browser,
+        lambda d: d.find_elements(By.CSS_SELECTOR, "#c-image input[type=file]"),
+        what="the caption image upload",
+    )
+    upload[0].send_keys(str(RED_CIRCLE))
+    wait_for(browser, lambda d: images_loaded(d, "#c-image img"), what="the uploaded image")
+    status, text = caption_in_page(browser, "beam search")
+    assert status.startswith("1 caption (beam search, 3 beams, "), status
+    assert text == library_captions(coca_demo, RED_CIRCLE, num_beams=3)[0]
+    status, text = caption_in_page(browser, "sampling")
+    assert status.startswith("1 caption (sampling, top-p 0.9, temperature 1, seed 0, "), status
+    assert text == library_captions(coca_demo, RED_CIRCLE, do_sample=True, top_p=0.9, seed=0)[0]
+    status, again = caption_in_page(browser, "greedy")
+    assert (
+        status.startswith("1 caption (greedy, ")
+        and again == library_captions(coca_demo, RED_CIRCLE)[0]
+    )
+    screenshot(browser, tmp_path, "web_caption.png")
+
+    # bad input: a message in the page, and the server keeps serving
+    browser.find_element(By.CSS_SELECTOR, "#c-image button[aria-label='Remove Image']").click()
+    notes = tmp_path / "notes.png"
+    notes.write_text("this is a text file, not a picture")
+    upload = wait_for(
+        browser,
+        lambda d: d.find_elements(By.CSS_SELECTOR, "#c-image input[type=file]"),
+        what="the emptied caption image upload",
+    )
+    upload[0].send_keys(str(notes))
+    status, text = caption_in_page(browser, "beam search")
+    assert status == "Error: notes.png: not an image (or a format Pillow cannot read)", status
+    assert text == "" and proc.poll() is None
+
+
+def test_browser_caption_tab_of_a_clip_says_it_needs_a_coca(browser, server):
+    open_tab(browser, server[1], "Caption")
+    wait_for(
+        browser,
+        lambda d: "has no captioning decoder" in text_of(d, "#cap-notice"),
+        what="the caption tab's notice",
+    )
+    assert "coca_ViT-B-32" in text_of(browser, "#cap-notice")
 
 
 def test_ctrl_c_stops_the_server_with_exit_code_130(server):
