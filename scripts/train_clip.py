@@ -7,6 +7,8 @@ r"""Train a CLIP from scratch, or fine-tune a pretrained one, on image-caption C
         --out runs/demo-shapes
     # fine-tune OpenAI's ViT-B/32 (LiT: --lock-image; WiSE-FT: --wise-ft-alpha 0.5)
     uv run scripts/train_clip.py --model ViT-B-32 --pretrained openai --train-data my.csv ...
+    # a CoCa (contrastive + captions; the bundled captioner: docs/training.md)
+    uv run scripts/train_clip.py --model coca_ViT-B-32 --pretrained laion2b_s13b_b90k ...
     # several processes (gloo on CPU, nccl on GPU); --batch-size is per process
     uv run torchrun --nproc-per-node 2 scripts/train_clip.py ...
 
@@ -36,7 +38,7 @@ import attn_core.cli  # noqa: F401  (first: Ctrl-C while torch loads -> one line
 import attn_train as at
 import torch
 from attn_core.hub import read_state_dict, save_state_dict
-from attn_train import CsvImageTextDataset, ImageFolderDataset, cli
+from attn_train import CsvImageTextDataset, cli
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--set", nargs="*", default=[], metavar="KEY=VALUE", help="from scratch: vision.layers=2"
     )
     g.add_argument("--pretrained", default=None, help="a tag (openai, ...) or a checkpoint file")
+    g.add_argument("--init-image-from", metavar="MODEL", help="ViT trunk from: folder, demo-shapes")
     g.add_argument("--lock-image", action="store_true", help="freeze the image tower (LiT)")
     g.add_argument("--wise-ft-alpha", type=float, help="also write wise_ft/: WiSE-FT weights")
     g.add_argument("--grad-checkpointing", action="store_true", help="recompute activations")
@@ -59,19 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--csv-caption-key", default="title", help="the CSV's caption column")
     g.add_argument("--csv-separator", default=None, help="default: tab or comma, from the header")
     g.add_argument("--val-data", type=Path, default=None, help="CSV scored by retrieval recall")
-    g.add_argument(
-        "--zeroshot-dir",
-        type=Path,
-        action="append",
-        default=[],
-        help="ImageFolder scored zero-shot after every epoch (repeatable; the first picks best/)",
-    )
-    g.add_argument("--zeroshot-classnames", type=Path, default=None, help="one class per line")
-    g.add_argument("--zeroshot-templates", nargs="+", default=["a photo of a {}."], help="prompts")
+    cli.add_zero_shot_args(g)  # --zeroshot-dir (the first picks best/) -classnames -templates
     g.add_argument("--no-augment", action="store_true", help="no random resized crop")
     cli.add_image_loader_args(g)  # --workers --warn-skipped-fraction --eval-batch-size
     g = p.add_argument_group("optimisation")
     g.add_argument("--loss", choices=["clip", "siglip"], default="clip", help="InfoNCE or sigmoid")
+    g.add_argument("--caption-loss-weight", type=float, help="CoCa (default 2.0: open_clip's)")
+    g.add_argument("--clip-loss-weight", type=float, help="CoCa (default 1.0: open_clip's)")
     cli.add_schedule_args(g, epochs=10, batch_size=128, lr=1e-3, warmup=100)
     cli.add_optimizer_args(g, wd=0.1, min_lr_ratio=0.0, betas=(0.9, 0.98), eps=1e-6)
     cli.add_run_args(g := p.add_argument_group("run"), log_every=20, save_every=200, fsdp=True)
@@ -109,8 +106,10 @@ def build_model(args: argparse.Namespace) -> attn_clip.CLIP:
         attn_clip.init_vision_like_open_clip(model)
     else:
         model = attn_clip.create_model(args.model, pretrained=args.pretrained)
-        if args.loss == "siglip":
+        if args.loss == "siglip" and not model.config.is_coca:
             attn_clip.add_logit_bias(model)  # init -10, as SigLIP's
+    if args.init_image_from is not None:  # e.g. a CoCa's ViT from the trained demo-shapes
+        attn_clip.init_image_trunk_from(model, args.init_image_from)
     return model.train()
 
 
@@ -119,6 +118,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     run = at.start_run(args)  # checks the run flags; writes nothing yet
     device = run.d.device
     model = build_model(args).to(device)
+    weights = {k: getattr(args, k) for k in ("caption_loss_weight", "clip_loss_weight")}
+    loss_fn = attn_clip.create_loss(model, args.loss, **weights)  # CoCa: + the caption loss
     model.visual.requires_grad_(not args.lock_image)
     model.set_grad_checkpointing(args.grad_checkpointing)
     ema = at.make_ema(model, args.ema_decay)
@@ -129,11 +130,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     data = CsvImageTextDataset(args.train_data, train_tf, tokenizer, seed=args.seed, **csv)
     data.check_readable()  # no image decodes: stop now, before anything is written
     val = CsvImageTextDataset(args.val_data, eval_tf, tokenizer, **csv) if args.val_data else None
-    names = None
-    if args.zeroshot_classnames is not None:
-        lines = args.zeroshot_classnames.read_text(encoding="utf-8").splitlines()
-        names = [c.strip() for c in lines if c.strip()]
-    zs_sets = {p.name: ImageFolderDataset(p, eval_tf, names) for p in args.zeroshot_dir}
+    zs_sets = cli.zero_shot_sets(args, eval_tf)  # {folder name: ImageFolderDataset}
 
     @torch.no_grad()
     def evaluate(m: attn_clip.CLIP) -> dict[str, float]:
@@ -157,10 +154,6 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     loader = at.make_loader(data, args.batch_size, run.d, seed=args.seed, num_workers=args.workers)
     max_steps, epochs = at.plan_steps(len(loader), args.accum, args.epochs, args.max_steps)
     optimizer, scheduler = at.adamw_cosine(model, args, max_steps, no_weight_decay=["*cls_token"])
-    if args.loss == "clip":
-        loss_fn = attn_clip.ClipLoss(gather_with_grad=True)  # features gathered with gradients
-    else:
-        loss_fn = attn_clip.SigLipLoss()
     init_path = args.out / "wise_ft_init.safetensors"
     if args.wise_ft_alpha is not None and run.resume and not init_path.is_file():
         raise ValueError(
@@ -183,7 +176,12 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         max_steps,
         epochs,
         best_metric=f"zeroshot/{args.zeroshot_dir[0].name}/top1" if zs_sets else None,
-        start={"model": args.model, "pretrained": args.pretrained, "loss": args.loss},
+        start={
+            "model": args.model,
+            "pretrained": args.pretrained,
+            "loss": "coca" if model.config.is_coca else args.loss,
+            "init_image_from": args.init_image_from,
+        },
     )
     has_eval = bool(zs_sets) or val is not None
 

@@ -43,7 +43,7 @@ def test_list_models_has_the_clips_attn_clip_builds_and_only_them():
     required |= {"EVA02-B-16", "EVA02-L-14-336", "EVA01-g-14", "EVA01-g-14-plus"}
     required |= {"ViTamin-S", "ViTamin-L2-384", "ViTamin-XL-384"}
     assert required <= names
-    assert names - {"demo-shapes"} <= set(open_clip.list_models())
+    assert names - set(registry.BUNDLED_MODELS) <= set(open_clip.list_models())
     required |= {"coca_ViT-B-32", "coca_ViT-L-14", "coca_base"}
     assert required <= names
     excluded = ("coca_roberta-ViT-B-32", "nllb-clip-base-siglip", "EVA02-E-14", "PE-Core-B-16")
@@ -142,18 +142,19 @@ def test_model_configs_are_open_clips():
     from attn_clip import CLIPConfig
 
     for name in list_models():
-        if name != "demo-shapes":
+        if name not in registry.BUNDLED_MODELS:
             ref = CLIPConfig.from_open_clip(open_clip.get_model_config(name))
             assert get_model_config(name) == ref, name
 
 
 def test_list_models_pattern_and_pretrained():
-    assert list_models()[-1] == "demo-shapes"  # bundled models always come along, last
+    bundled = list(registry.BUNDLED_MODELS)  # demo-shapes, demo-shapes-coca
+    assert list_models()[-len(bundled) :] == bundled  # bundled models always come along, last
     assert list_models("ViT-B-32*") == [n for n in list_models() if n.startswith("ViT-B-32")]
-    assert list_models("demo-*") == ["demo-shapes"]
+    assert list_models("demo-*") == bundled
     assert list_models("nothing-like-this*") == []
     tagged = list_models(pretrained=True)
-    assert tagged == [*list_pretrained(as_str=True), "demo-shapes:shapes"]
+    assert tagged == [*list_pretrained(as_str=True), *(f"{n}:shapes" for n in bundled)]
     assert "ViT-B-32:openai" in list_models("ViT-B-32", pretrained=True)
     assert set(list_models("ViT-B-32", pretrained=True)) == {
         f"ViT-B-32:{t}" for t in list_pretrained_tags("ViT-B-32")

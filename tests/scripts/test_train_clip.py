@@ -1,6 +1,7 @@
 """scripts/train_clip.py on tiny generated shapes: loss goes down, the outputs load and the
 log tells the run, the EMA becomes final/, accumulation is exact, kill -9 + resume is exact,
-corrupt images are counted, NaN stops cleanly, LiT / SigLIP / WiSE-FT. (2-process torchrun
+corrupt images are counted, NaN stops cleanly, LiT / SigLIP / WiSE-FT, a CoCa (both loss
+terms and their weights, exact accumulation and resume, refused flags). (2-process torchrun
 equals one process, and FSDP equals DDP: tests/train/test_distributed.py; a SigLIP
 checkpoint: test_train_clip_siglip.py; bad input and Ctrl-C: test_errors.py.)"""
 
@@ -24,6 +25,10 @@ from _support.train import CLIP_TINY, RUN, shapes_data
 from attn_train import read_progress
 
 TINY = ["--set", *CLIP_TINY, *RUN]
+# a CoCa of demo-shapes-coca's layout, shrunk: 16 wide (pooler, text tower, decoder), 1 block
+COCA_TINY = ["--model", "demo-shapes-coca", "--set", "embed_dim=16", "vision.image_size=32"]
+COCA_TINY += ["vision.width=32", "vision.layers=1", "vision.attn_pooler_queries=4"]
+COCA_TINY += ["text.width=16", "text.layers=1", "multimodal.width=16", "multimodal.layers=1", *RUN]
 
 
 @pytest.fixture(scope="module")
@@ -203,3 +208,87 @@ def test_lit_siglip_and_wise_ft_from_a_trained_folder(tc, data, straight, tmp_pa
     assert "wise_ft/zeroshot/heldout/top1" in result
     assert attn_clip.create_model(str(out / "wise_ft")).logit_bias is not None
     assert json.loads((out / "log.jsonl").read_text().splitlines()[0])["loss"] == "siglip"
+
+
+def coca_args(data: Path, *extra: str) -> list[str]:
+    return [*data_args(data), *COCA_TINY, "--batch-size", "8", *extra]
+
+
+def test_coca_trains_with_its_loss_and_resumes_to_the_same_weights(tc, data, tmp_path):
+    """A CoCa trains with CoCaLoss (weights from the flags); kill -9 while update 4 is
+    being written, rerun: the same weights as the straight run, bit for bit."""
+    import attn_clip
+
+    argv = coca_args(data, "--max-steps", "6", "--save-every", "2", "--caption-loss-weight", "1.5")
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    tc.main([*argv, "--clip-loss-weight", "0.5", "--out", str(straight)])
+    (start,) = events(straight, "start")
+    assert start["loss"] == "coca" and start["steps"] == 6
+    losses = list(step_losses(straight).values())
+    assert len(losses) == 6 and losses[-1] < losses[0], losses
+    model = attn_clip.create_model(str(straight / "final"))
+    assert isinstance(model, attn_clip.CoCa) and model.config.multimodal.width == 16
+    image = torch.rand(1, 3, 32, 32)
+    assert isinstance(model.caption(image, max_new_tokens=3)[0], str)
+
+    killed_at(tc.main, [*argv, "--clip-loss-weight", "0.5", "--out", killed], step=4)
+    assert read_progress(killed / "last")["step"] == 2
+    tc.main([*argv, "--clip-loss-weight", "0.5", "--out", str(killed)])
+    assert events(killed, "resume")[0]["step"] == 2
+    assert_same_weights(straight / "last", killed / "last")
+    assert step_losses(killed) == step_losses(straight)
+
+
+def test_coca_loss_weights_scale_the_two_terms(tc, data, tmp_path):
+    """One update from the same start: the caption term alone is the cross-entropy of a
+    49,408-word vocabulary at init (~ln V), the contrastive term alone that of 8 pairs
+    (~ln 8); both weighted = the weighted sum. --lock-image freezes the whole image tower
+    (its attentional pooler too, as open_clip's lock_image_tower)."""
+    import math
+
+    import attn_clip
+
+    def first_loss(name: str, caption: str, clip: str, *extra: str) -> float:
+        out = tmp_path / name
+        weights = ["--caption-loss-weight", caption, "--clip-loss-weight", clip]
+        tc.main([*coca_args(data, "--max-steps", "1", "--no-augment"), *weights, *extra,
+                 "--out", str(out)])  # fmt: skip
+        return step_losses(out)[1]
+
+    caption = first_loss("caption", "2", "0", "--lock-image")
+    clip = first_loss("clip", "0", "1")
+    both = first_loss("both", "2", "0.5")
+    assert abs(caption / 2 - math.log(49408)) < 1.5, caption
+    assert abs(clip - math.log(8)) < 1.0, clip
+    assert both == pytest.approx(caption + 0.5 * clip, rel=1e-5)
+    (start,) = events(tmp_path / "caption", "start")
+    visual = attn_clip.create_model(str(tmp_path / "caption" / "final")).visual
+    assert start["trainable"] == start["params"] - sum(p.numel() for p in visual.parameters())
+
+
+def test_coca_accumulation_gives_the_big_batch_losses(tc, data, tmp_path):
+    common = [*data_args(data), *COCA_TINY, "--no-augment", "--max-steps", "2"]
+    tc.main([*common, "--out", str(tmp_path / "big"), "--batch-size", "16"])
+    tc.main([*common, "--out", str(tmp_path / "acc"), "--batch-size", "8", "--accum", "2"])
+    big, acc = step_losses(tmp_path / "big"), step_losses(tmp_path / "acc")
+    assert big.keys() == acc.keys() == {1, 2}
+    for k in big:
+        assert big[k] == pytest.approx(acc[k], rel=1e-5)
+    a, b = weights(tmp_path / "big" / "last"), weights(tmp_path / "acc" / "last")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=3e-4, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (["--set", *CLIP_TINY, "--caption-loss-weight", "1"], "loss weights are for CoCa models"),
+        (["--set", *CLIP_TINY, "--clip-loss-weight", "0.5"], "loss weights are for CoCa models"),
+        ([*COCA_TINY, "--loss", "siglip"], "a CoCa trains with CoCa's loss"),
+    ],
+)
+def test_coca_flags_are_refused_where_they_do_not_apply(tc, data, tmp_path, capsys, argv, match):
+    out = tmp_path / "run"
+    code, lines = cli(lambda: tc.main([*data_args(data), *argv, "--out", str(out)]), capsys)
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error:"), lines
+    assert match in lines[0] and not out.exists()

@@ -36,7 +36,7 @@ _EXPORTS = {
         "input_box",
         "save_explanation",
     ],
-    "init": ["init_vision_like_open_clip"],
+    "init": ["init_image_trunk_from", "init_vision_like_open_clip"],
     "factory": [
         "create_model",
         "create_model_and_transforms",
@@ -46,7 +46,7 @@ _EXPORTS = {
         "save_weights",
     ],
     "finetune": ["add_logit_bias", "wise_ft"],
-    "loss": ["ClipLoss", "CoCaLoss", "SigLipLoss"],
+    "loss": ["ClipLoss", "CoCaLoss", "SigLipLoss", "create_loss"],
     "model": ["CLIP", "CLIPOutput"],
     "pretrained": ["Checkpoint", "read_checkpoint"],
     "registry": [
@@ -138,8 +138,8 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
         save_weights,
     )
     from .finetune import add_logit_bias, wise_ft
-    from .init import init_vision_like_open_clip
-    from .loss import ClipLoss, CoCaLoss, SigLipLoss
+    from .init import init_image_trunk_from, init_vision_like_open_clip
+    from .loss import ClipLoss, CoCaLoss, SigLipLoss, create_loss
     from .model import CLIP, CLIPOutput
     from .pretrained import Checkpoint, read_checkpoint
     from .registry import (

@@ -35,7 +35,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["ClipLoss", "CoCaLoss", "SigLipLoss", "gather_features"]
+__all__ = ["ClipLoss", "CoCaLoss", "SigLipLoss", "create_loss", "gather_features"]
 
 
 def _dist_info(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -317,3 +317,31 @@ class CoCaLoss(ClipLoss):
         if output_dict:
             return {"contrastive_loss": clip_loss, "caption_loss": caption_loss}
         return clip_loss, caption_loss
+
+
+COCA_LOSS_WEIGHTS = {"caption_loss_weight": 2.0, "clip_loss_weight": 1.0}  # open_clip's defaults
+
+
+def create_loss(
+    model: nn.Module,
+    loss: str = "clip",
+    *,
+    caption_loss_weight: float | None = None,
+    clip_loss_weight: float | None = None,
+) -> nn.Module:
+    """The loss to train ``model`` (an :class:`attn_clip.CLIP` / ``CoCa``) with, features
+    gathered with gradients under DDP: a CoCa gets ``CoCaLoss`` (weights default to
+    open_clip's 2.0 / 1.0; pads are ``model.pad_id``), a CLIP ``ClipLoss`` (``loss="clip"``)
+    or ``SigLipLoss`` (``"siglip"``). A ``ValueError`` for ``"siglip"`` on a CoCa, or for
+    caption / clip weights other than the defaults on a model that is not one."""
+    if loss not in ("clip", "siglip"):
+        raise ValueError(f"loss must be 'clip' or 'siglip', got {loss!r}")
+    given = {"caption_loss_weight": caption_loss_weight, "clip_loss_weight": clip_loss_weight}
+    weights = {k: COCA_LOSS_WEIGHTS[k] if v is None else v for k, v in given.items()}
+    if not model.config.is_coca:
+        if weights != COCA_LOSS_WEIGHTS:
+            raise ValueError("the caption / clip loss weights are for CoCa models, not a CLIP")
+        return ClipLoss(gather_with_grad=True) if loss == "clip" else SigLipLoss()
+    if loss == "siglip":
+        raise ValueError("loss 'siglip': a CoCa trains with CoCa's loss (ClipLoss + captions)")
+    return CoCaLoss(pad_id=model.config.text.pad_id, gather_with_grad=True, **weights)

@@ -26,8 +26,8 @@ configs: attn_vision's presets of those names (:mod:`attn_clip.config_timm`).
 
 attn_clip also has *bundled* models of its own, whose weights ship inside the package
 (no network): ``demo-shapes``, a small CLIP trained by ``scripts/train_clip.py`` on the
-generated shapes of ``attn_train.shapes`` (tag ``shapes``, the default for
-``pretrained=True``).
+generated shapes of ``attn_train.shapes``, and ``demo-shapes-coca``, a small CoCa (captions)
+trained the same way (tag ``shapes``, the default for ``pretrained=True``).
 """
 
 from __future__ import annotations
@@ -113,6 +113,48 @@ BUNDLED_MODELS: dict[str, BundledModel] = {
             },
         },
         weights={"shapes": "demo-shapes.safetensors"},
+        preprocess=PreprocessConfig(size=48),
+    ),
+    # a CoCa captioner on the same shapes: demo-shapes' ViT (its trained trunk was the start)
+    # with an attentional pooler (16 queries: 1 contrastive, 15 image tokens for the decoder),
+    # a 2-block text tower with an appended CLS and a 2-block multimodal decoder, all 32 wide
+    # (the pooler's width = the decoder's = the text tower's); ~3.9 M parameters, 3.2 M of
+    # them the two BPE tables (token embedding, vocabulary projection).
+    "demo-shapes-coca": BundledModel(
+        config={
+            "embed_dim": 32,
+            "vision_cfg": {
+                "image_size": 48,
+                "patch_size": 8,
+                "width": 128,
+                "layers": 3,
+                "head_width": 32,
+                "mlp_ratio": 4.0,
+                "attentional_pool": True,
+                "attn_pooler_queries": 16,
+                "attn_pooler_heads": 2,
+                "output_tokens": True,
+            },
+            "text_cfg": {
+                "context_length": 16,
+                "vocab_size": 49408,
+                "width": 32,
+                "heads": 2,
+                "layers": 2,
+                "mlp_ratio": 4.0,
+                "embed_cls": True,
+                "output_tokens": True,
+            },
+            "multimodal_cfg": {
+                "context_length": 16,
+                "vocab_size": 49408,
+                "width": 32,
+                "heads": 2,
+                "layers": 2,
+            },
+            "custom_text": True,
+        },
+        weights={"shapes": "demo-shapes-coca.safetensors"},
         preprocess=PreprocessConfig(size=48),
     ),
 }

@@ -31,6 +31,7 @@ __all__ = [
     "add_run_args",
     "add_schedule_args",
     "add_subcommand",
+    "add_zero_shot_args",
     "apply_overrides",
     "augment_kwargs",
     "check_run_args",
@@ -43,6 +44,7 @@ __all__ = [
     "require_multiple",
     "require_positive",
     "run_main",
+    "zero_shot_sets",
 ]
 
 
@@ -120,6 +122,36 @@ def add_image_loader_args(p: Any) -> None:
         "where none is readable stops with exit code 2)",
     )
     p.add_argument("--eval-batch-size", type=int, default=256, help="images per eval forward")
+
+
+def add_zero_shot_args(p: Any) -> None:
+    """``--zeroshot-dir`` (repeatable) ``--zeroshot-classnames --zeroshot-templates`` of the
+    CLIP recipes: ImageFolder sets scored zero-shot (read them with :func:`zero_shot_sets`)."""
+    p.add_argument(
+        "--zeroshot-dir",
+        type=Path,
+        action="append",
+        default=[],
+        help="ImageFolder scored zero-shot after every epoch (repeatable)",
+    )
+    p.add_argument("--zeroshot-classnames", type=Path, default=None, help="one class per line")
+    p.add_argument("--zeroshot-templates", nargs="+", default=["a photo of a {}."], help="prompts")
+
+
+def zero_shot_sets(args: Any, transform: Callable[..., Any]) -> dict[str, Any]:
+    """The ``--zeroshot-dir`` folders of :func:`add_zero_shot_args` -> ``{folder name:
+    ImageFolderDataset}``, labelled by the ``--zeroshot-classnames`` list when given (so a
+    folder of some classes is scored against all); a missing file or folder is a
+    ``ValueError`` naming the flag (call it before anything is written)."""
+    from .data import ImageFolderDataset
+
+    names = None
+    if args.zeroshot_classnames is not None:
+        text = read_text_file(args.zeroshot_classnames, "--zeroshot-classnames")
+        names = [c.strip() for c in text.splitlines() if c.strip()]
+    for folder in args.zeroshot_dir:
+        require_dir(folder, "--zeroshot-dir")
+    return {p.name: ImageFolderDataset(p, transform, names) for p in args.zeroshot_dir}
 
 
 def add_augment_args(p: Any) -> None:
