@@ -305,7 +305,7 @@ def test_greedy_with_rows_ending_early(biased):
 def test_beam_search_against_brute_force(biased, K, lp):
     ref, ours, images = biased
     images = images[:2]
-    n, max_length, min_length = 2, 10, 3
+    n, max_length, min_length = 2, 8, 3
     opts = dict(num_beams=K, num_return_sequences=n, length_penalty=lp,
                 max_length=max_length, min_length=min_length)  # fmt: skip
     got = gen(ours, images, **opts)
@@ -358,7 +358,7 @@ def test_cached_equals_uncached(biased, mode):
     if missing:
         pytest.skip(f"GenerationConfig has no {missing} yet")
     images = images[:2]
-    opts = {"max_length": 12, "min_length": 2, **opts}
+    opts = {"max_length": 10, "min_length": 2, **opts}
     cached = gen(ours, images, **opts)
     assert torch.equal(gen(ours, images, use_cache=False, **opts), cached)
     if opts.get("do_sample"):  # the seed alone decides the samples
