@@ -16,6 +16,11 @@ from torch import nn
 # as in demo-shapes
 CLIP_TINY = ["embed_dim=32", "vision.image_size=32", "vision.width=32", "vision.layers=1"]
 CLIP_TINY += ["text.width=16", "text.layers=1", "text.context_length=16"]
+# scripts/train_clip.py with a CoCa: demo-shapes-coca's layout shrunk to 16 wide (pooler, text
+# tower, decoder), one block each, on 32 px images (the 49,408-word tables stay)
+COCA_TINY = ["--model", "demo-shapes-coca", "--set", "embed_dim=16", "vision.image_size=32"]
+COCA_TINY += ["vision.width=32", "vision.layers=1", "vision.attn_pooler_queries=4"]
+COCA_TINY += ["text.width=16", "text.layers=1", "multimodal.width=16", "multimodal.layers=1"]
 # scripts/finetune_vit.py: a 2-block ViT on 32 px images (16 patches)
 VIT_TINY = ["--model", "vit_tiny_patch16_224", "--img-size", "32", "--patch-size", "8"]
 VIT_TINY += ["--set", "depth=2", "embed_dim=32", "num_heads=2"]

@@ -21,14 +21,11 @@ from _support.scripts import (
     step_losses,
     weights,
 )
-from _support.train import CLIP_TINY, RUN, shapes_data
+from _support.train import CLIP_TINY, COCA_TINY, RUN, shapes_data
 from attn_train import read_progress
 
 TINY = ["--set", *CLIP_TINY, *RUN]
-# a CoCa of demo-shapes-coca's layout, shrunk: 16 wide (pooler, text tower, decoder), 1 block
-COCA_TINY = ["--model", "demo-shapes-coca", "--set", "embed_dim=16", "vision.image_size=32"]
-COCA_TINY += ["vision.width=32", "vision.layers=1", "vision.attn_pooler_queries=4"]
-COCA_TINY += ["text.width=16", "text.layers=1", "multimodal.width=16", "multimodal.layers=1", *RUN]
+COCA = [*COCA_TINY, *RUN]
 
 
 @pytest.fixture(scope="module")
@@ -211,7 +208,7 @@ def test_lit_siglip_and_wise_ft_from_a_trained_folder(tc, data, straight, tmp_pa
 
 
 def coca_args(data: Path, *extra: str) -> list[str]:
-    return [*data_args(data), *COCA_TINY, "--batch-size", "8", *extra]
+    return [*data_args(data), *COCA, "--batch-size", "8", *extra]
 
 
 def test_coca_trains_with_its_loss_and_resumes_to_the_same_weights(tc, data, tmp_path):
@@ -267,7 +264,7 @@ def test_coca_loss_weights_scale_the_two_terms(tc, data, tmp_path):
 
 
 def test_coca_accumulation_gives_the_big_batch_losses(tc, data, tmp_path):
-    common = [*data_args(data), *COCA_TINY, "--no-augment", "--max-steps", "2"]
+    common = [*data_args(data), *COCA, "--no-augment", "--max-steps", "2"]
     tc.main([*common, "--out", str(tmp_path / "big"), "--batch-size", "16"])
     tc.main([*common, "--out", str(tmp_path / "acc"), "--batch-size", "8", "--accum", "2"])
     big, acc = step_losses(tmp_path / "big"), step_losses(tmp_path / "acc")
@@ -284,7 +281,7 @@ def test_coca_accumulation_gives_the_big_batch_losses(tc, data, tmp_path):
     [
         (["--set", *CLIP_TINY, "--caption-loss-weight", "1"], "loss weights are for CoCa models"),
         (["--set", *CLIP_TINY, "--clip-loss-weight", "0.5"], "loss weights are for CoCa models"),
-        ([*COCA_TINY, "--loss", "siglip"], "a CoCa trains with CoCa's loss"),
+        ([*COCA, "--loss", "siglip"], "a CoCa trains with CoCa's loss"),
     ],
 )
 def test_coca_flags_are_refused_where_they_do_not_apply(tc, data, tmp_path, capsys, argv, match):

@@ -1,6 +1,7 @@
 """Training with 2 CPU processes under ``torchrun`` (gloo): DDP equals one process on the
 same global batch (attn_train.fit with accumulation, scripts/finetune_vit.py and
-scripts/train_clip.py), scripts/train_translation.py runs and checkpoints both ranks, and
+scripts/train_clip.py), a CoCa trains under DDP with the caption loss (each rank's token mean,
+as open_clip's), scripts/train_translation.py runs and checkpoints both ranks, and
 ``--fsdp`` (attn_train.fsdp: FSDP2) on finetune_vit and train_clip: losses and weights
 equal the DDP run, a run stopped mid-way resumes to the uninterrupted run's weights, the
 checkpoint is sharded (torch.distributed.checkpoint, one file per rank) next to whole
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 from _support.scripts import records, step_losses, torchrun, weights
-from _support.train import CLIP_TINY, VIT_TINY, shapes_data, train_mlp
+from _support.train import CLIP_TINY, COCA_TINY, VIT_TINY, shapes_data, train_mlp
 
 VIT = [*VIT_TINY, "--batch-size", "8", "--max-steps", "4", "--save-every", "2"]
 VIT += ["--grad-clip", "1"]
@@ -41,6 +42,16 @@ def clip_args(data: Path) -> list[str]:
     zs = ["--zeroshot-dir", str(data / "heldout"), "--zeroshot-classnames"]
     return ["--train-data", str(data / "train.csv"), *zs, str(data / "classnames.txt")] + [
         *CLIP,
+        *COMMON,
+    ]
+
+
+def coca_args(data: Path) -> list[str]:
+    return [
+        "--train-data",
+        str(data / "train.csv"),
+        *COCA_TINY,
+        *CLIP[len(CLIP_TINY) + 1 :],
         *COMMON,
     ]
 
@@ -110,6 +121,7 @@ def worker(out: Path, data: Path, corpus: Path) -> None:
     clip = clip_args(data)
     tc.main([*clip, "--out", str(out / "clip_ddp")])
     tc.main([*clip, "--fsdp", "--out", str(out / "clip_fsdp")])
+    tc.main([*coca_args(data), "--out", str(out / "coca_ddp")])
     tt.main([*translation_args(corpus), "--out", str(out / "translation_ddp")])
     barrier()
     if dist.get_rank() == 0:
@@ -209,6 +221,22 @@ def test_two_processes_equal_one_process(runs, single, ddp, one, atol):
     assert_weights_close(single / one / last, runs / ddp / last, atol)
     state = torch.load(runs / ddp / "last" / "trainer_state.pt", weights_only=True)
     assert len(state["rng"]) == 2  # both ranks' random state, for an exact resume
+
+
+def test_coca_trains_under_ddp(runs):
+    """2 ranks x 8 x accumulation 2: the contrastive term over the gathered batch, the
+    caption term each rank's mean (open_clip's), so the loss is close to, not equal to, one
+    process's on 16; it falls, both ranks' RNG states are saved, final/ is a CoCa."""
+    import attn_clip
+
+    out = runs / "coca_ddp"
+    start = records(out)[0]
+    assert start["world_size"] == 2 and start["loss"] == "coca" and start["global_batch"] == 32
+    losses = step_losses(out)
+    assert sorted(losses) == [1, 2, 3] and losses[3] < losses[1], losses
+    state = torch.load(out / "last" / "trainer_state.pt", weights_only=True)
+    assert len(state["rng"]) == 2
+    assert isinstance(attn_clip.create_model(str(out / "final")), attn_clip.CoCa)
 
 
 def test_train_translation_runs_under_torchrun(runs):
