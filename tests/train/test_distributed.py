@@ -153,7 +153,7 @@ def corpus(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def runs(data, corpus, tmp_path_factory) -> Path:
     """The worker's runs. (The longest set-up of tests/train, ~29 s on 2 busy cores: two
-    interpreters that import torch and the packages, then 12 short trainings and 3 refused
+    interpreters that import torch and the packages, then 13 short trainings and 3 refused
     resumes, 5 of them FSDP runs whose sharded checkpoints cost ~0.5 s each save; it replaces
     5 launches.)"""
     out = tmp_path_factory.mktemp("runs")
