@@ -22,7 +22,10 @@ end against the model alone; both in retrieval_scale.py); ``engines`` (the image
 against ONNX Runtime and OpenVINO on the graph attn_clip.export writes, fp32 / bf16 / int8;
 run it with ``GOMP_SPINCOUNT=10000``, see engines.py) and ``engines-alone`` (ours against
 OpenVINO with each runtime alone in its own process, as a deployment runs one of them;
-``--alone-model``, ``--precisions``, ``--rounds``; see engines_alone.py).
+``--alone-model``, ``--precisions``, ``--rounds``; see engines_alone.py); ``caption`` (CoCa
+ViT-B/32 captions, greedy at batch 1 and 8 against the plain loop over open_clip's forward,
+and 6-beam search with its image tower's share; 3 repeats, ``--repeats`` sets them; see
+caption.py).
 
 Method. Every section builds ours and the references in this one process with identical
 random weights (transformers' random ``CLIPModel`` -> ours through our converter -> open_clip
@@ -68,12 +71,14 @@ SECTIONS = {
     "embed": "retrieval_scale.bench_embed",
     "engines": "engines.bench_engines",
     "engines-alone": "engines_alone.bench_engines_alone",
+    "caption": "caption.bench_caption",
 }
 CLIP_SECTIONS = ("image", "text", "zeroshot", "compile")
 # compiling takes ~20 s; start-up runs fresh interpreters; the families section builds
 # full-size open_clip models (--only families --quick runs it at 64 px); engines exports
-# ONNX and calibrates int8 (~20 s even tiny); engines-alone starts a process per runtime
-QUICK_SKIP = ("compile", "startup", "families", "engines", "engines-alone")
+# ONNX and calibrates int8 (~20 s even tiny); engines-alone starts a process per runtime;
+# caption builds open_clip's CoCa and ours and decodes ~10 s even tiny (--only caption --quick)
+QUICK_SKIP = ("compile", "startup", "families", "engines", "engines-alone", "caption")
 
 
 def section_function(name: str):
@@ -139,6 +144,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.precisions = [s for s in args.precisions.split(",") if s]
     if not args.precisions or set(args.precisions) - {"fp32", "bf16"}:
         p.error(f"--precisions expects fp32, bf16 or fp32,bf16, got {','.join(args.precisions)!r}")
+    # caption: open_clip's loop takes seconds per call (tens at batch 8): 3 repeats
+    args.caption_repeats = args.repeats or (1 if q else 3)
     args.repeats = args.repeats or (2 if q else 7)
     args.inner = 1 if q else 3
     args.attn_repeats = 2 if q else 5

@@ -142,6 +142,38 @@ def test_engines_alone_section_runs_each_runtime_in_its_own_process(tmp_path):
     assert goals == [f"tiny CLIP {p} batch 1, each runtime alone" for p in ("fp32", "bf16")]
 
 
+def test_caption_section_runs_ours_against_open_clips_loop(tmp_path):
+    """--only caption --quick: a tiny CoCa (open_clip's, its weights loaded into ours);
+    greedy at batch 1 and 8 gives open_clip's tokens, with and without the cache; beam
+    search runs the image tower once per image, and its rows split generate into the tower
+    and the decoding."""
+    result = run_json(tmp_path, "--only", "caption", *ONE)
+    greedy = [r for r in result["rows"] if "greedy" in r["section"]]
+    assert {(r["case"], r["impl"]) for r in greedy} == {
+        ("batch 1", "ours"), ("batch 1", "open_clip forward loop"),
+        ("batch 1", "ours, use_cache=False"), ("batch 8", "ours"),
+        ("batch 8", "open_clip forward loop"),
+    }  # fmt: skip
+    for row in greedy:
+        assert row["check"] == "same tokens" or row["impl"] == "open_clip forward loop", row
+        assert row["unit"] == "token" and row["median_ms"] > 0
+    beams = {(r["case"], r["impl"]): r for r in result["rows"] if "beam" in r["section"]}
+    assert "the tower saw 1 image(s)" in beams[("batch 1: generate", "ours")]["check"]
+    total = beams[("batch 1: generate", "ours")]["median_ms"]
+    tower = beams[("batch 1: image tower", "ours, once per image")]["median_ms"]
+    decoding = beams[("batch 1: decoding (generate - tower)", "ours")]["median_ms"]
+    assert decoding == pytest.approx(total - tower, abs=1e-6)  # one repeat: exact
+    assert beams[("batch 1: image tower", "open_clip, once per beam")]["ref_over_ours"]
+    goals = {g["name"]: g for g in result["goals"]}
+    assert {"greedy captions batch 1, tiny CoCa", "greedy captions batch 8, tiny CoCa"} <= set(
+        goals
+    )
+    assert all("same tokens" in goals[f"greedy captions batch {b}, tiny CoCa"]["measured"]
+               for b in (1, 8))  # fmt: skip
+    assert goals["beam search 6 beams batch 1: image tower once per image"]["met"]
+    assert result["meta"]["cpu_model"]  # /proc/cpuinfo's model name and vector ISA
+
+
 def test_products_splits_the_tower_into_products_and_rest(tiny_openvino):
     """investigations.products --quick --kernels: tower, products and rest for ours and
     OpenVINO, our products on 5 kernels; OpenVINO's products are ours (max diff)."""

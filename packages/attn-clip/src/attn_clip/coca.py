@@ -33,7 +33,8 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 from attn_core import CrossAttentionBlock, KVCache, TransformerBlock
-from attn_nlp.generation import GenerationConfig, generate
+from attn_core.fast_inference import block_supported, fast_path_available, linear_act
+from attn_nlp.generation import GenerationConfig, generate, resolve_max_length
 from torch import nn
 
 from .config import CLIPConfig, MultimodalConfig
@@ -59,9 +60,47 @@ class CoCaOutput(NamedTuple):
     labels: torch.Tensor | None = None
 
 
+def _fast(module: nn.Module, x: torch.Tensor) -> bool:
+    """Whether ``module`` runs its inference fast path on ``x`` (its ``fast_inference`` flag,
+    eval mode, :func:`attn_core.fast_inference.fast_path_available`)."""
+    return module.fast_inference and not module.training and fast_path_available(x)
+
+
+def self_attention_block(
+    blk: TransformerBlock,
+    x: torch.Tensor,
+    cache: KVCache | None,
+    fast: bool,
+    *,
+    attn_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+) -> torch.Tensor:
+    """``blk(x, attn_mask=..., is_causal=..., kv_cache=cache)`` ``(N, L, D)``; with ``fast``
+    (and a block the fast path supports) its fused forward
+    (:meth:`attn_core.TransformerBlock.forward_fused`: oneDNN products on pre-packed weights,
+    ~15% less time per decoding step from a few rows per step on), the cached keys / values
+    as its prefix and its own appended to the cache."""
+    if not (fast and block_supported(blk)):
+        return blk(x, attn_mask=attn_mask, is_causal=is_causal, kv_cache=cache)
+    if cache is None:
+        return blk.forward_fused(x, attn_mask=attn_mask, is_causal=is_causal)
+    prefix = None if cache.is_empty else (cache.key, cache.value)
+    own: list[KV] = []
+    x = blk.forward_fused(x, attn_mask=attn_mask, is_causal=is_causal, prefix=prefix, keep_kv=own)
+    cache.update(*own[0])
+    return x
+
+
 class MultimodalDecoder(nn.Module):
     """open_clip's ``MultimodalTransformer``: ``layers`` x (causal self-attention block,
-    cross-attention block over the image tokens), ``ln_final``, projection to ``V``."""
+    cross-attention block over the image tokens), ``ln_final``, projection to ``V``.
+
+    ``fast_inference`` (on by default; :func:`attn_core.fast_inference.enable` /
+    ``disable``): in eval mode without autograd on CPU the self-attention blocks run fused
+    and the projection is one oneDNN product (:func:`attn_core.fast_inference.linear_act`).
+    """
+
+    fast_inference = True  # the inference fast path (attn_core.fast_inference.enable)
 
     def __init__(self, config: MultimodalConfig, vocab_size: int, weight_init: bool = True):
         super().__init__()
@@ -112,6 +151,7 @@ class MultimodalDecoder(nn.Module):
         if context_kv is None:
             context_kv = self.context_kv(image_tokens)
         x = text_tokens
+        fast = _fast(self, x)
         for i, (blk, cross) in enumerate(zip(self.blocks, self.cross_blocks, strict=True)):
             cache = None if kv_caches is None else kv_caches[i]
             if self.grad_checkpointing and torch.is_grad_enabled():
@@ -122,11 +162,12 @@ class MultimodalDecoder(nn.Module):
                     partial(cross, context_kv=context_kv[i]), x, use_reentrant=False
                 )
             else:
-                x = blk(x, is_causal=True, kv_cache=cache)
+                # one new token sees every cached one: no causal mask to build
+                x = self_attention_block(blk, x, cache, fast, is_causal=x.shape[1] > 1)
                 x = cross(x, context_kv=context_kv[i])
         if last_only:
             x = x[:, -1]
-        return self.proj(self.ln_final(x))
+        return linear_act(self.proj, self.ln_final(x), enabled=fast)
 
 
 class CoCa(CLIP):
@@ -213,15 +254,17 @@ class CoCa(CLIP):
         was_training = self.training
         self.eval()
         try:
+            positions = self.config.multimodal.context_length
+            max_length = resolve_max_length(config, 1, positions)  # (raises before any work)
             _, image_tokens = self.encode_image_tokens(images)  # once per image
             rows = config.num_beams if config.num_beams > 1 else config.num_return_sequences
-            decoder = CaptionDecoder(self, image_tokens, rows, use_cache=config.use_cache)
+            decoder = CaptionDecoder(
+                self, image_tokens, rows, use_cache=config.use_cache, max_length=max_length
+            )
             start = config.bos_token_id
             prompt = torch.full((images.shape[0], 1), start, dtype=torch.long,
                                 device=image_tokens.device)  # fmt: skip
-            return generate(
-                decoder, prompt, config, max_positions=self.config.multimodal.context_length
-            )
+            return generate(decoder, prompt, config, max_positions=positions)
         finally:
             self.train(was_training)
 
@@ -259,15 +302,22 @@ class CaptionDecoder:
     """
 
     def __init__(
-        self, model: CoCa, image_tokens: torch.Tensor, rows_per_image: int, use_cache: bool = True
+        self,
+        model: CoCa,
+        image_tokens: torch.Tensor,
+        rows_per_image: int,
+        use_cache: bool = True,
+        max_length: int | None = None,
     ):
         self.model = model
         self.rows = rows_per_image
         self.context_kv = model.text_decoder.context_kv(image_tokens)
         self.use_cache = use_cache
         n_text, n_dec = len(model.text.blocks), len(model.text_decoder.blocks)
-        self.text_caches = [KVCache() for _ in range(n_text)] if use_cache else None
-        self.decoder_caches = [KVCache() for _ in range(n_dec)] if use_cache else None
+        # max_length tokens: the caches reserve their room once (no copy of the past per step)
+        room = None if max_length is None else max(1, max_length - 1)
+        self.text_caches = [KVCache(room) for _ in range(n_text)] if use_cache else None
+        self.decoder_caches = [KVCache(room) for _ in range(n_dec)] if use_cache else None
         self.seen = 0  # tokens already in the caches
 
     def _text_rows(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -280,11 +330,16 @@ class CaptionDecoder:
         if text.token_proj is not None:
             x = text.token_proj(x)
         x = x + text.positional_embedding[P:T].to(x.dtype)
-        causal = torch.ones(T - P, T, dtype=torch.bool, device=x.device).tril(P)
-        mask = (causal & text.key_mask(tokens)[:, None, :T])[:, None]  # (N, 1, T - P, T)
+        keep = text.key_mask(tokens)[:, None, :T]  # (N, 1, T): open_clip's pad mask
+        if T - P == 1:  # one new token: causality allows every key; only the pads are masked
+            mask = None if bool(keep.all()) else keep[:, None]  # (N, 1, 1, T)
+        else:
+            causal = torch.ones(T - P, T, dtype=torch.bool, device=x.device).tril(P)
+            mask = (causal & keep)[:, None]  # (N, 1, T - P, T)
+        fast = _fast(text, x)
         for i, blk in enumerate(text.blocks):
-            x = blk(x, attn_mask=mask, kv_cache=None if self.text_caches is None
-                    else self.text_caches[i])  # fmt: skip
+            cache = None if self.text_caches is None else self.text_caches[i]
+            x = self_attention_block(blk, x, cache, fast, attn_mask=mask)
         return x
 
     def __call__(self, tokens: torch.Tensor) -> torch.Tensor:

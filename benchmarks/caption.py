@@ -1,0 +1,239 @@
+"""Section ``caption``: CoCa captioning, ours (``CoCa.generate``: the image encoded once,
+each cross-attention block's keys / values once per image, KV caches) against the plain loop
+over open_clip's ``forward`` -- the only open_clip path that runs here (its
+``CoCa.generate()`` needs transformers' ``BeamSearchScorer``, which transformers 5 no longer
+has): the image encoded once with ``_encode_image``, then every step the whole prefix through
+the text tower and the multimodal decoder, argmax of the last row.
+
+open_clip builds a ``coca_ViT-B-32`` (``--quick``: a tiny CoCa of the same layout) and every
+parameter is drawn (``random_fill_``; open_clip leaves ``text_decoder.text_projection`` as
+``torch.empty``); its state dict is saved as ``open_clip_model.safetensors`` with its
+``open_clip_config.json`` and ours is ``attn_clip.create_model(folder)``, so both hold the
+same weights.
+
+* Greedy, 30 tokens (the start token and 29 decoded; open_clip's ``seq_len=30``), batch 1 and
+  8, with ``min_length=0`` and no end-of-text so both sides run every step; the ``check``
+  column says whether the tokens are the same. ``ours, use_cache=False`` (batch 1) re-runs the
+  whole prefix every step as open_clip does, with the cross-attention keys / values still
+  computed once.
+* Beam search, 6 beams, batch 1 and 2 (``--quick``: 1): ours' whole ``generate``, its image
+  tower alone (what it runs, once per image: counted with a forward hook) and the decoding
+  (the difference); and as the reference row the image tower on 6 copies of each image, the
+  cost of open_clip's ``_generate_beamsearch``, which repeats every image once per beam
+  before encoding it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import re
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.harness import Report, Timing, peak_memory_mb, random_fill_, time_interleaved
+
+SOT = 49406
+STEPS = 29  # decoded tokens after the start token: 30 tokens in all
+BEAMS = 6
+TINY_COCA_CFG = {  # --quick: open_clip's coca_ViT-B-32 layout at a few percent of its size
+    "embed_dim": 64,
+    "vision_cfg": {
+        "image_size": 32, "layers": 2, "width": 64, "patch_size": 8, "head_width": 16,
+        "attentional_pool": True, "attn_pooler_heads": 4, "attn_pooler_queries": 16,
+        "output_tokens": True,
+    },
+    "text_cfg": {
+        "context_length": 76, "vocab_size": 49408, "width": 64, "heads": 4, "layers": 2,
+        "embed_cls": True, "output_tokens": True,
+    },
+    "multimodal_cfg": {
+        "context_length": 76, "vocab_size": 49408, "width": 64, "heads": 4, "layers": 2,
+        "attn_pooler_heads": 4,
+    },
+}  # fmt: skip
+
+
+def cpu_description() -> str:
+    """``/proc/cpuinfo``'s model name and the widest vector ISA (AVX-512 / AVX2), e.g.
+    ``"AMD EPYC, AVX2 (no AVX-512)"``; the platform's name elsewhere."""
+    import platform
+
+    try:
+        info = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return platform.processor() or platform.machine()
+    name = re.search(r"^model name\s*:\s*(.+)$", info, re.M)
+    flags = re.search(r"^flags\s*:\s*(.+)$", info, re.M)
+    flag_set = set(flags.group(1).split()) if flags else set()
+    isa = (
+        "AVX-512" if "avx512f" in flag_set
+        else "AVX2 (no AVX-512)" if "avx2" in flag_set
+        else "no AVX2"
+    )  # fmt: skip
+    return f"{name.group(1).strip() if name else platform.machine()}, {isa}"
+
+
+def build(quick: bool) -> tuple[Any, Any, int]:
+    """``(ours, open_clip's CoCa, image size)`` on the same random weights, in eval mode."""
+    import open_clip
+    from attn_clip import create_model
+    from safetensors.torch import save_file
+
+    cfg = TINY_COCA_CFG if quick else open_clip.get_model_config("coca_ViT-B-32")
+    cfg = {k: v for k, v in cfg.items() if k != "custom_text"}
+    torch.manual_seed(0)
+    # (not under inference_mode: the weights are written, then saved and read back)
+    with torch.inference_mode(False), torch.no_grad():
+        ref = random_fill_(open_clip.CoCa(**cfg))
+        with tempfile.TemporaryDirectory(prefix="attn-zoo-bench-coca-") as tmp:
+            state = {k: v.contiguous() for k, v in ref.state_dict().items()}
+            save_file(state, str(Path(tmp) / "open_clip_model.safetensors"))
+            config = json.dumps({"model_cfg": cfg})
+            (Path(tmp) / "open_clip_config.json").write_text(config, encoding="utf-8")
+            ours = create_model(tmp).eval()
+    return ours, ref, cfg["vision_cfg"]["image_size"]
+
+
+def open_clip_greedy(ref: Any, images: torch.Tensor, steps: int = STEPS) -> torch.Tensor:
+    """The plain loop over open_clip's forward: ``(B, 1 + steps)`` ids from the start token."""
+    latent, embs = ref._encode_image(images)
+    out = torch.full((images.shape[0], 1), SOT, dtype=torch.long)
+    for _ in range(steps):
+        logits = ref(images, out, image_latent=latent, image_embs=embs, output_labels=False)
+        out = torch.cat((out, logits["logits"][:, -1].argmax(-1, keepdim=True)), dim=1)
+    return out
+
+
+@contextlib.contextmanager
+def images_seen(model: Any) -> Iterator[list[int]]:
+    """Count the images ``model``'s image tower encodes inside the block (one entry per
+    call: the batch its attentional pooler, or final norm, is called on)."""
+    seen: list[int] = []
+    module = model.visual.attn_pool or model.visual.ln_post
+    handle = module.register_forward_pre_hook(lambda m, args: seen.append(args[0].shape[0]))
+    try:
+        yield seen
+    finally:
+        handle.remove()
+
+
+def bench_caption(args: argparse.Namespace, report: Report) -> None:
+    """Greedy at batch 1 and 8 against open_clip's loop (goal: >= 5x, same tokens), then
+    beam search with the image tower's share (goal: the tower runs once per image)."""
+    cpu = cpu_description()
+    report.meta["cpu_model"] = cpu
+    print(f"  CPU: {cpu}", file=sys.stderr)
+    ours, ref, size = build(args.quick)
+    name = "tiny CoCa" if args.quick else "CoCa ViT-B/32"
+    g = torch.Generator().manual_seed(0)
+    for batch in (1, 8):
+        images = torch.randn(batch, 3, size, size, generator=g)
+        _greedy(args, report, ours, ref, images, name, cpu)
+    for batch in (1,) if args.quick else (1, 2):
+        images = torch.randn(batch, 3, size, size, generator=g)
+        _beam_search(args, report, ours, ref, images, name, cpu)
+
+
+def _greedy(
+    args: argparse.Namespace,
+    report: Report,
+    ours: Any,
+    ref: Any,
+    images: torch.Tensor,
+    name: str,
+    cpu: str,
+) -> None:
+    """One batch of greedy captions: ours, open_clip's loop (and ours uncached at batch 1)."""
+    batch = images.shape[0]
+    greedy = dict(min_length=0, max_length=1 + STEPS, eos_token_id=None)
+    fns = {
+        "ours": lambda: ours.generate(images, **greedy),
+        "open_clip forward loop": lambda: open_clip_greedy(ref, images),
+    }
+    if batch == 1:
+        fns["ours, use_cache=False"] = lambda: ours.generate(images, **greedy, use_cache=False)
+    outs = {k: f() for k, f in fns.items()}  # (also the warm-up)
+    same = {k: torch.equal(v, outs["open_clip forward loop"]) for k, v in outs.items()}
+    checks = {k: "same tokens" if ok else "TOKENS DIFFER" for k, ok in same.items()}
+    checks["open_clip forward loop"] = f"reference, {tuple(outs['ours'].shape)} ids"
+    t = time_interleaved(fns, args.caption_repeats, warmup=0)
+    mem = {"ours": peak_memory_mb(fns["ours"])} if args.memory else {}
+    rows = report.add_case(
+        f"{name} captions: greedy, {1 + STEPS} tokens", f"batch {batch}", t, batch * STEPS,
+        "token", memory=mem, checks=checks,
+        note=f"{t['ours'].median / STEPS * 1e3:.1f} ms per step, ours",
+    )  # fmt: skip
+    ratio = rows["open_clip forward loop"].ref_over_ours
+    report.goal(
+        f"greedy captions batch {batch}, {name}",
+        ">= 5x open_clip's forward loop, same tokens",
+        f"{ratio:.2f}x, {'same' if all(same.values()) else 'DIFFERENT'} tokens ({cpu}, "
+        f"{torch.get_num_threads()} threads)",
+        ratio >= 5 and all(same.values()),
+    )
+
+
+def _beam_search(
+    args: argparse.Namespace,
+    report: Report,
+    ours: Any,
+    ref: Any,
+    images: torch.Tensor,
+    name: str,
+    cpu: str,
+) -> None:
+    """One batch of 6-beam captions: generate, its image tower and the decoding, and the
+    tower on one copy of each image per beam (ours and open_clip's)."""
+    batch = images.shape[0]
+    beams = dict(num_beams=BEAMS, max_length=1 + STEPS)
+    per_beam = images.repeat_interleave(BEAMS, dim=0)  # open_clip's _generate_beamsearch
+    with images_seen(ours) as seen:
+        ids = ours.generate(images, **beams)  # (also the warm-up)
+    fns = {
+        "generate": lambda: ours.generate(images, **beams),
+        "tower": lambda: ours.encode_image_tokens(images),
+        "ours per beam": lambda: ours.encode_image_tokens(per_beam),
+        "open_clip per beam": lambda: ref._encode_image(per_beam),
+    }
+    for f in list(fns.values())[1:]:
+        f()
+    t = time_interleaved(fns, args.caption_repeats, warmup=0)
+    total, tower = t["generate"], t["tower"]
+    decode = Timing([max(a - b, 0.0) for a, b in zip(total.times, tower.times, strict=True)])
+    share = tower.median / total.median
+    section = f"{name} captions: beam search, {BEAMS} beams, up to {1 + STEPS} tokens"
+    case = f"batch {batch}"
+    report.add_case(
+        section, f"{case}: generate", {"ours": total}, batch, "img",
+        checks={"ours": f"{tuple(ids.shape)} ids; the tower saw {sum(seen)} image(s)"},
+    )  # fmt: skip
+    report.add_case(
+        section, f"{case}: decoding (generate - tower)", {"ours": decode}, batch, "img",
+        checks={"ours": f"{1 - share:.0%} of generate"},
+    )  # fmt: skip
+    report.add_case(
+        section, f"{case}: image tower", {"ours, once per image": tower,
+        "ours, once per beam": t["ours per beam"],
+        "open_clip, once per beam": t["open_clip per beam"]}, batch, "img",
+        ours="ours, once per image",
+        checks={"ours, once per image": f"{share:.0%} of generate",
+                "ours, once per beam": f"{batch} x {BEAMS} images",
+                "open_clip, once per beam": f"{batch} x {BEAMS} images (its beam search)"},
+    )  # fmt: skip
+    per_beam_ms = t["open_clip per beam"].median * 1e3
+    report.goal(
+        f"beam search {BEAMS} beams batch {batch}: image tower once per image",
+        f"the tower encodes {batch} image(s) (open_clip: {batch * BEAMS})",
+        f"{sum(seen)} image(s) in {len(seen)} call(s); tower {tower.median * 1e3:.1f} ms "
+        f"({share:.0%}) of {total.median * 1e3:.0f} ms, decoding "
+        f"{decode.median * 1e3:.0f} ms; open_clip's tower once per beam: {per_beam_ms:.1f} ms "
+        f"({cpu})",
+        sum(seen) == batch,
+    )
