@@ -33,6 +33,7 @@ IN_TORCH = "torch._tensor"  # a module that loads early in the middle of `import
 # the arguments of a run that gets as far as importing torch (and then works a while)
 APP_ARGS = {
     "attention_demo": [],
+    "caption": ["--model", "demo-shapes-coca", "--folder", "{images}"],
     "classify": ["--model", "vit_tiny_patch16_224", "--random-weights", "--images", "{images}"],
     "retrieval": ["index", "{images}", "--out", "{tmp}/index", "--model", "demo-shapes"],
     "translate": ["--model", "transformer-tiny", "hello"],
