@@ -81,8 +81,9 @@ def self_attention_block(
     the cached keys / values as its prefix and its own appended to the cache.
 
     A step of one row (``N L == 1``: one caption, greedy) keeps the module calls: its
-    products are matrix-vector products, where MKL's (``F.linear``) measured ~10% faster per
-    step than oneDNN's; from 6 rows on (beams, batches) the fused blocks took ~15% less."""
+    products are matrix-vector products, where MKL's (``F.linear``) measured ~5% less time
+    per step than the fused blocks; with 6 or 8 rows (beams, batches) the fused blocks took
+    ~18% less (docs/benchmarks.md, Captioning)."""
     if not (fast and x.shape[0] * x.shape[1] > 1 and block_supported(blk)):
         return blk(x, attn_mask=attn_mask, is_causal=is_causal, kv_cache=cache)
     if cache is None:
