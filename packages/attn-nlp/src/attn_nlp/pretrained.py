@@ -13,6 +13,10 @@ A checkpoint folder holds ``config.json`` and ``model.safetensors`` (or
 checked). ``config.json``'s ``model_type`` says what it holds:
 
 * ``"marian"`` -- a Hugging Face ``MarianMTModel`` (converted by :func:`convert_hf_marian`);
+* ``"roberta"`` / ``"xlm-roberta"`` / ``"t5"`` / ``"mt5"`` / ``"m2m_100"`` -- a Hugging Face
+  text encoder (``XLMRobertaModel``, ``MT5EncoderModel``, NLLB's encoder, ...), built by the
+  module :mod:`attn_nlp.hf_configs` names; the hub ids open_clip uses (``xlm-roberta-base``,
+  ``google/mt5-base``, ...) ship their architecture, so ``pretrained=False`` needs no network;
 * ``"attn_nlp.transformer"`` / ``"attn_nlp.lm"`` / ``"attn_nlp.classifier"`` -- written by
   :func:`save_pretrained` (our training scripts).
 
@@ -33,11 +37,18 @@ from torch import nn
 from .config import PRESETS, TransformerConfig, get_config
 from .convert import config_from_hf_marian, convert_hf_marian
 from .generation import GenerationConfig
+from .hf_configs import ENCODER_MODULES, encoder_module, hf_config, known_hf_models
 from .model import Transformer
 
 __all__ = ["create_model", "resolve_checkpoint", "save_pretrained"]
 
-MODEL_TYPES = ("marian", "attn_nlp.transformer", "attn_nlp.lm", "attn_nlp.classifier")
+MODEL_TYPES = (
+    "marian",
+    "attn_nlp.transformer",
+    "attn_nlp.lm",
+    "attn_nlp.classifier",
+    *ENCODER_MODULES,
+)
 OPTIONAL_FILES = (
     "generation_config.json",
     # Marian (sentencepiece) tokenizer
@@ -47,12 +58,18 @@ OPTIONAL_FILES = (
     "target_vocab.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
-    # our own checkpoints (tokenizers BPE)
+    # our own checkpoints (tokenizers BPE), Hugging Face fast tokenizers
     "tokenizer.json",
+    # RoBERTa byte-BPE, XLM-R / NLLB / mT5 sentencepiece
+    "merges.txt",
+    "sentencepiece.bpe.model",
+    "spiece.model",
 )
 
 
 def _is_repo_id(name: str) -> bool:
+    if name in known_hf_models():  # legacy ids without an owner: "xlm-roberta-base"
+        return True
     return name.count("/") == 1 and not name.startswith((".", "/", "~"))
 
 
@@ -111,6 +128,14 @@ def _build(config: dict[str, Any], overrides: dict[str, Any]) -> nn.Module:
     if kind == "marian":
         cfg = config_from_hf_marian(config)
         return Transformer(dataclasses.replace(cfg, **overrides) if overrides else cfg)
+    if kind in ENCODER_MODULES:
+        module = encoder_module(kind)
+        if kind.startswith("attn_nlp."):
+            cfg = module.Config.from_dict({**fields, **overrides})
+        else:
+            cfg = module.config_from_hf(config)
+            cfg = dataclasses.replace(cfg, **overrides) if overrides else cfg
+        return module.Encoder(cfg)
     if kind == "attn_nlp.transformer":
         return Transformer(TransformerConfig.from_dict({**fields, **overrides}))
     if kind == "attn_nlp.lm":
@@ -136,8 +161,11 @@ def _load_folder(directory: Path, weights: bool, overrides: dict[str, Any]) -> n
     model = _build(config, overrides)
     if weights:
         state = hub.read_folder(directory)
-        if config["model_type"] == "marian":
+        kind = config["model_type"]
+        if kind == "marian":
             state = convert_hf_marian(state, model.config)
+        elif kind in ENCODER_MODULES and not kind.startswith("attn_nlp."):
+            state = encoder_module(kind).convert_hf(state, model.config)
         hub.load_state_dict(model, state, source=str(directory))
     if isinstance(model, Transformer):
         model.generation_config = _generation_config(directory, model)
@@ -161,7 +189,7 @@ def save_pretrained(
         DecoderOnlyLM: "attn_nlp.lm",
         TextClassifier: "attn_nlp.classifier",
     }
-    kind = kinds.get(type(model))
+    kind = kinds.get(type(model), getattr(type(model), "model_type", None))
     if kind is None:
         raise TypeError(f"cannot save a {type(model).__name__}")
     directory = Path(directory)
@@ -197,6 +225,8 @@ def create_model(
     fetched or loaded, ``ValueError`` for unknown config fields.
     """
     name = str(name_or_path)
+    if pretrained is False and hf_config(name) is not None:  # shipped architecture, no network
+        return _build(hf_config(name), overrides).eval()
     if name in PRESETS:
         model = Transformer(get_config(name, **overrides))
         if pretrained is True:
