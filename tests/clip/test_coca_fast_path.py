@@ -15,22 +15,9 @@ from attn_clip.coca import CaptionDecoder
 from attn_core import fast_inference, onednn
 from torch.testing import assert_close
 
-TINY = {
-    "embed_dim": 64,
-    "vision_cfg": {
-        "image_size": 32, "layers": 1, "width": 64, "patch_size": 8, "head_width": 16,
-        "attentional_pool": True, "attn_pooler_heads": 4, "attn_pooler_queries": 9,
-        "output_tokens": True,
-    },
-    "text_cfg": {
-        "context_length": 76, "vocab_size": 49408, "width": 64, "heads": 4, "layers": 2,
-        "embed_cls": True, "output_tokens": True,
-    },
-    "multimodal_cfg": {
-        "context_length": 76, "vocab_size": 49408, "width": 64, "heads": 4, "layers": 2,
-        "attn_pooler_heads": 4,
-    },
-}  # fmt: skip
+from benchmarks.caption import TINY_COCA_CFG
+
+TINY = TINY_COCA_CFG  # the benchmark's tiny coca_ViT-B-32 layout
 
 with torch.no_grad():
     _FAST = fast_inference.fast_path_available(torch.zeros(1))
