@@ -74,15 +74,43 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+# flag -> (generate option, accepted, what is expected); checked when the flag is given
+_SAMPLING = {
+    "--top-p": ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
+    "--top-k": ("top_k", lambda v: v >= 0, ">= 0 (0 = off)"),
+    "--temperature": ("temperature", lambda v: v > 0, "> 0"),
+    "--seed": ("seed", lambda v: True, "an integer"),
+}
+_LENGTHS = {
+    "--max-tokens": ("max_new_tokens", lambda v: v >= 1, ">= 1"),
+    "--min-tokens": ("min_new_tokens", lambda v: v >= 0, ">= 0"),
+    "--repetition-penalty": ("repetition_penalty", lambda v: v > 0, "> 0"),
+    "--no-repeat-ngram": ("no_repeat_ngram_size", lambda v: v >= 0, ">= 0 (0 = off)"),
+}
+
+
+def _value(args: argparse.Namespace, flag: str):
+    return getattr(args, flag[2:].replace("-", "_"))
+
+
+def _given(args: argparse.Namespace, flags: dict) -> dict:
+    """The generate options of the ``flags`` given on the command line, each checked."""
+    opts = {}
+    for flag, (option, ok, expected) in flags.items():
+        value = _value(args, flag)
+        if value is not None:
+            if not ok(value):
+                raise InputError(f"{flag} must be {expected}, got {value}")
+            opts[option] = value
+    return opts
+
+
 def generation_options(args: argparse.Namespace) -> dict:
     """The ``CoCa.generate`` options of the decoding flags (checked: InputError)."""
-    opts: dict = {}
-    if args.beams < 1:
-        raise InputError(f"--beams must be >= 1, got {args.beams}")
-    if args.num_captions < 1:
-        raise InputError(f"--num-captions must be >= 1, got {args.num_captions}")
-    if args.batch_size < 1:
-        raise InputError(f"--batch-size must be >= 1, got {args.batch_size}")
+    for flag in ("--beams", "--num-captions", "--batch-size"):
+        if _value(args, flag) < 1:
+            raise InputError(f"{flag} must be >= 1, got {_value(args, flag)}")
+    opts: dict = {"num_return_sequences": args.num_captions}
     if args.beams > 1:
         opts["num_beams"] = args.beams
         if args.num_captions > args.beams:
@@ -95,48 +123,14 @@ def generation_options(args: argparse.Namespace) -> dict:
             f"--num-captions {args.num_captions}: greedy decoding gives one caption; "
             "pass --beams N (N >= --num-captions) or --sample"
         )
-    opts["num_return_sequences"] = args.num_captions
-    sampling = {"--top-p": args.top_p, "--top-k": args.top_k,
-                "--temperature": args.temperature, "--seed": args.seed}  # fmt: skip
-    if not args.sample:
-        given = [name for name, value in sampling.items() if value is not None]
-        if given:
-            raise InputError(f"{', '.join(given)}: sampling option(s), need --sample")
-    else:
-        opts["do_sample"] = True
-        if args.top_p is not None:
-            if not 0 < args.top_p <= 1:
-                raise InputError(f"--top-p must be in (0, 1], got {args.top_p}")
-            opts["top_p"] = args.top_p
-        if args.top_k is not None:
-            if args.top_k < 0:
-                raise InputError(f"--top-k must be >= 0 (0 = off), got {args.top_k}")
-            opts["top_k"] = args.top_k
-        if args.temperature is not None:
-            if not args.temperature > 0:
-                raise InputError(f"--temperature must be > 0, got {args.temperature}")
-            opts["temperature"] = args.temperature
-        if args.seed is not None:
-            opts["seed"] = args.seed
-    if args.max_tokens is not None:
-        if args.max_tokens < 1:
-            raise InputError(f"--max-tokens must be >= 1, got {args.max_tokens}")
-        opts["max_new_tokens"] = args.max_tokens
-    if args.min_tokens is not None:
-        if args.min_tokens < 0:
-            raise InputError(f"--min-tokens must be >= 0, got {args.min_tokens}")
-        opts["min_new_tokens"] = args.min_tokens
+    given = [flag for flag in _SAMPLING if _value(args, flag) is not None]
+    if given and not args.sample:
+        raise InputError(f"{', '.join(given)}: sampling option(s), need --sample")
+    if args.sample:
+        opts.update(do_sample=True, **_given(args, _SAMPLING))
+    opts.update(_given(args, _LENGTHS))
+    if "min_new_tokens" in opts:
         opts["min_length"] = 0  # the model's default minimum gives way
-    if args.repetition_penalty is not None:
-        if not args.repetition_penalty > 0:
-            raise InputError(f"--repetition-penalty must be > 0, got {args.repetition_penalty}")
-        opts["repetition_penalty"] = args.repetition_penalty
-    if args.no_repeat_ngram is not None:
-        if args.no_repeat_ngram < 0:
-            raise InputError(
-                f"--no-repeat-ngram must be >= 0 (0 = off), got {args.no_repeat_ngram}"
-            )
-        opts["no_repeat_ngram_size"] = args.no_repeat_ngram
     return opts
 
 
