@@ -60,3 +60,24 @@ def png_header(path: Path, width: int, height: int) -> Path:
     data = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0"))
     path.write_bytes(data + chunk(b"IEND", b""))
     return path
+
+
+# a tiny coca_ViT-B-32 (one block per tower, 64 wide) for the caption app and tab tests
+TINY_COCA = dict(
+    embed_dim=64,
+    vision={"layers": 1, "width": 64, "head_width": 32, "image_size": 32, "patch_size": 16,
+            "attn_pooler_queries": 8, "attn_pooler_heads": 2},
+    text={"layers": 1, "width": 64, "heads": 2},
+    multimodal={"layers": 1, "width": 64, "heads": 2},
+)  # fmt: skip
+
+
+def save_tiny_coca(directory: Path) -> Path:
+    """A random-init (seed 0) :data:`TINY_COCA` in a ``save_pretrained`` folder."""
+    import attn_clip
+    import torch
+
+    torch.manual_seed(0)
+    return attn_clip.save_pretrained(
+        attn_clip.create_model("coca_ViT-B-32", **TINY_COCA), directory
+    )

@@ -16,17 +16,10 @@ import attn_clip
 import caption as app  # apps/caption.py
 import pytest
 import torch
-from _support.apps import ROOT, run_app
+from _support.apps import ROOT, TINY_COCA, run_app, save_tiny_coca
 from attn_core.cli import run
 from PIL import Image, ImageDraw
 
-TINY = dict(
-    embed_dim=64,
-    vision={"layers": 1, "width": 64, "head_width": 32, "image_size": 32, "patch_size": 16,
-            "attn_pooler_queries": 8, "attn_pooler_heads": 2},
-    text={"layers": 1, "width": 64, "heads": 2},
-    multimodal={"layers": 1, "width": 64, "heads": 2},
-)  # fmt: skip
 RED_CIRCLE = ROOT / "docs" / "assets" / "red_circle.png"
 CAT = ROOT / "docs" / "assets" / "cat.jpg"
 SHORT = ["--max-tokens", "8"]  # most runs: shorter captions, fewer decoding steps
@@ -35,9 +28,7 @@ SHORT = ["--max-tokens", "8"]  # most runs: shorter captions, fewer decoding ste
 @pytest.fixture(scope="module")
 def coca_dir(tmp_path_factory) -> Path:
     """A random-init tiny coca_ViT-B-32 in a save_pretrained folder."""
-    torch.manual_seed(0)
-    model = attn_clip.create_model("coca_ViT-B-32", **TINY)
-    return attn_clip.save_pretrained(model, tmp_path_factory.mktemp("coca") / "tiny")
+    return save_tiny_coca(tmp_path_factory.mktemp("coca") / "tiny")
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +75,7 @@ def tsv(out: str) -> list[tuple[str, str]]:
 
 
 def test_create_model_takes_multimodal_overrides():
-    model = attn_clip.create_model("coca_ViT-B-32", **TINY)
+    model = attn_clip.create_model("coca_ViT-B-32", **TINY_COCA)
     m = model.config.multimodal
     assert isinstance(model, attn_clip.coca.CoCa)
     assert (m.layers, m.width, m.heads) == (1, 64, 2)
@@ -93,7 +84,7 @@ def test_create_model_takes_multimodal_overrides():
     with pytest.raises(ValueError, match=r"unknown CLIP config override\(s\): multimodal\.depth"):
         attn_clip.create_model("coca_ViT-B-32", multimodal={"depth": 1})
     with pytest.raises(ValueError, match="multimodal width"):  # checked against the towers
-        attn_clip.create_model("coca_ViT-B-32", **{**TINY, "multimodal": {"width": 32}})
+        attn_clip.create_model("coca_ViT-B-32", **{**TINY_COCA, "multimodal": {"width": 32}})
 
 
 # -- the captions --------------------------------------------------------------------------

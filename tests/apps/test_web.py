@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import torch
 import web
-from _support.apps import png_header
+from _support.apps import png_header, save_tiny_coca
 from _support.retrieval import (
     ROOT,
     shapes_gallery,  # noqa: F401  (a fixture)
@@ -60,18 +60,7 @@ def demo(loaded):
 @pytest.fixture(scope="module")
 def coca_dir(tmp_path_factory) -> Path:
     """A random-init tiny coca_ViT-B-32 in a save_pretrained folder."""
-    import attn_clip
-
-    torch.manual_seed(0)
-    model = attn_clip.create_model(
-        "coca_ViT-B-32",
-        embed_dim=64,
-        vision={"layers": 1, "width": 64, "head_width": 32, "image_size": 32, "patch_size": 16,
-                "attn_pooler_queries": 8, "attn_pooler_heads": 2},
-        text={"layers": 1, "width": 64, "heads": 2},
-        multimodal={"layers": 1, "width": 64, "heads": 2},
-    )  # fmt: skip
-    return attn_clip.save_pretrained(model, tmp_path_factory.mktemp("coca") / "tiny")
+    return save_tiny_coca(tmp_path_factory.mktemp("coca") / "tiny")
 
 
 @pytest.fixture(scope="module")
