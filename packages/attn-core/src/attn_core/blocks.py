@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .activations import ACTIVATIONS, QuickGELU
+from .activations import ACTIVATIONS, GATED_ACTIVATIONS, QuickGELU
 from .attention import attention
 from .kv_cache import KVCache
 from .mha import MultiHeadAttention
@@ -45,7 +45,9 @@ class FeedForward(nn.Module):
 
     ``act="swiglu"`` makes it gated (Shazeer 2020): ``fc1`` produces ``[x, gate]`` and
     the hidden activation is ``x * silu(gate)`` (``gate_last=False``: ``[gate, x]``, timm's
-    ``GluMlp(gate_last=False)`` of EVA02 / DINOv2-giant). ``inner_norm`` (a norm
+    ``GluMlp(gate_last=False)`` of EVA02 / DINOv2-giant); ``act="geglu_tanh"`` is the same
+    with ``gelu_tanh(gate)`` (T5 v1.1 / mT5's ``gated-gelu``: ``gelu_tanh(wi_0 x) * wi_1 x``
+    is ``gate_last=False`` with ``fc1 = [wi_0; wi_1]``). ``inner_norm`` (a norm
     constructor) normalises the hidden activation before ``fc2`` (EVA02's ``scale_mlp``).
     """
 
@@ -65,7 +67,7 @@ class FeedForward(nn.Module):
         if act not in ACTIVATIONS:
             raise ValueError(f"unknown activation {act!r}; expected one of {sorted(ACTIVATIONS)}")
         hidden_dim = 4 * dim if hidden_dim is None else hidden_dim
-        self.gated, self.gate_last = act == "swiglu", gate_last
+        self.gated, self.gate_last = act in GATED_ACTIVATIONS, gate_last
         self.fc1 = nn.Linear(dim, hidden_dim * (2 if self.gated else 1), bias=bias)
         self.act = ACTIVATIONS[act]()
         self.drop = nn.Dropout(dropout)
@@ -127,7 +129,7 @@ class TransformerBlock(nn.Module):
         bias: biases in the attention projections (``proj_bias``: the output projection's,
             default ``bias``); ``mlp_bias`` in the MLP.
         act: MLP activation: ``gelu``, ``gelu_tanh``, ``quick_gelu``, ``relu``, ``silu``,
-            ``swiglu``.
+            or gated: ``swiglu``, ``geglu_tanh``.
         norm_first: pre-norm (True) or post-norm (False).
         cross_attention: add a cross-attention branch over ``context``.
         context_dim: width of ``context`` (default ``dim``).
@@ -140,7 +142,10 @@ class TransformerBlock(nn.Module):
         attn_inner_norm, mlp_inner_norm: ``norm_layer`` on the attention output before its
             projection / on the MLP's hidden activation (EVA02's ``scale_attn_inner`` /
             ``scale_mlp``).
-        mlp_gate_last: with ``act="swiglu"``, ``fc1`` gives ``[x, gate]`` (else ``[gate, x]``).
+        mlp_gate_last: with a gated ``act``, ``fc1`` gives ``[x, gate]`` (else ``[gate, x]``).
+        attn_head_dim: self-attention head width (default ``dim // num_heads``; the heads'
+            inner width may then differ from ``dim``, as T5's ``d_kv``).
+        attn_scale: self-attention score scale (default ``1 / sqrt(head width)``; T5: 1.0).
         rope, backend: passed to :class:`MultiHeadAttention` (self-attention).
     """
 
@@ -168,6 +173,8 @@ class TransformerBlock(nn.Module):
         attn_inner_norm: bool = False,
         mlp_inner_norm: bool = False,
         mlp_gate_last: bool = True,
+        attn_head_dim: int | None = None,
+        attn_scale: float | None = None,
         rope: RotaryEmbedding | bool | None = None,
         backend: str | None = None,
     ) -> None:
@@ -191,6 +198,8 @@ class TransformerBlock(nn.Module):
             qk_norm=norm_layer if qk_norm else False,
             inner_norm=norm_layer if attn_inner_norm else None,
             rope=rope,
+            head_dim=attn_head_dim,
+            scale=attn_scale,
             backend=backend,
         )
         self.ls1, self.drop_path1 = scale(), drop()
@@ -351,7 +360,9 @@ class TransformerBlock(nn.Module):
             is_causal = False
         Lq = q.shape[1]
         q = attn.q_norm(q.view(B, Lq, H, hd).transpose(1, 2))  # (B, H, Lq, hd)
-        o = attention(q, k, v, attn_mask=mask, is_causal=is_causal, backend=attn.backend)
+        o = attention(
+            q, k, v, attn_mask=mask, is_causal=is_causal, scale=attn.scale, backend=attn.backend
+        )
         o = o.transpose(1, 2).reshape(B, Lq, H * hd)  # (B, Lq, H hd)
         if isinstance(self.ls1, LayerScale):
             x = x + self.ls1(fused_linear(o, attn.proj.weight, attn.proj.bias))

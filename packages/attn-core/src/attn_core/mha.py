@@ -1,10 +1,11 @@
 """Multi-head attention (self and cross, MHA / GQA / MQA) on top of ``attention()``.
 
 Shape legend: ``B`` batch, ``Lq`` / ``Lk`` query / key length, ``E`` embed dim,
-``H`` query heads, ``Hkv`` key/value heads, ``hd = E // H`` head width.
+``H`` query heads, ``Hkv`` key/value heads, ``hd`` head width (``E // H`` unless given),
+``I = H * hd`` inner (all heads) width.
 
 Inputs are batch-first ``(B, L, E)``. The projections follow timm's names: one fused
-``qkv`` Linear (``E -> (H + 2 * Hkv) * hd``) and an output ``proj``; when
+``qkv`` Linear (``E -> (H + 2 * Hkv) * hd``) and an output ``proj`` (``I -> E``); when
 ``kdim``/``vdim`` differ from ``embed_dim`` there are separate ``q_proj``, ``k_proj``,
 ``v_proj`` instead (as ``nn.MultiheadAttention`` does).
 """
@@ -29,7 +30,9 @@ class MultiHeadAttention(nn.Module):
 
     Args:
         embed_dim: model width ``E``.
-        num_heads: query heads ``H``; ``E`` must be divisible by it.
+        num_heads: query heads ``H``; ``E`` must be divisible by it unless ``head_dim`` is given.
+        head_dim: per-head width ``hd`` of queries, keys and values (default ``E // H``);
+            the inner width ``H * hd`` may differ from ``E`` (T5's ``d_kv``).
         num_kv_heads: key/value heads (default ``H``; ``1`` = multi-query attention).
         dropout: dropout on the attention weights (training mode only).
         bias: biases in the input and output projections (``proj_bias``: the output
@@ -41,6 +44,8 @@ class MultiHeadAttention(nn.Module):
             ``proj`` (EVA02's ``scale_attn_inner``; timm names it ``attn.norm``).
         rope: a :class:`RotaryEmbedding` (or ``True`` for one over the full head width)
             applied to queries and keys in self-attention.
+        scale: the score scale passed to ``attention()`` (default ``1 / sqrt(hd)``; T5 uses
+            ``1.0``, its scaling folded into the weights).
         backend: force an ``attention()`` backend for this layer.
     """
 
@@ -58,13 +63,17 @@ class MultiHeadAttention(nn.Module):
         qk_norm: bool | Callable[[int], nn.Module] = False,
         inner_norm: Callable[[int], nn.Module] | None = None,
         rope: RotaryEmbedding | bool | None = None,
+        head_dim: int | None = None,
+        scale: float | None = None,
         backend: str | None = None,
     ) -> None:
         super().__init__()
-        if num_heads <= 0 or embed_dim % num_heads:
+        if num_heads <= 0 or (head_dim is None and embed_dim % num_heads):
             raise ValueError(
                 f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})"
             )
+        if head_dim is not None and head_dim <= 0:
+            raise ValueError(f"head_dim must be a positive int, got {head_dim}")
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if num_kv_heads <= 0 or num_heads % num_kv_heads:
             raise ValueError(
@@ -73,7 +82,9 @@ class MultiHeadAttention(nn.Module):
         self.embed_dim = embed_dim
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
-        self.head_dim = embed_dim // num_heads
+        self.head_dim = embed_dim // num_heads if head_dim is None else head_dim
+        self.inner_dim = num_heads * self.head_dim  # I: width of all query heads
+        self.scale = scale
         self.kdim = embed_dim if kdim is None else kdim
         self.vdim = embed_dim if vdim is None else vdim
         self.dropout = dropout
@@ -82,22 +93,28 @@ class MultiHeadAttention(nn.Module):
 
         self.fused_qkv = self.kdim == embed_dim and self.vdim == embed_dim
         if self.fused_qkv:
-            self.qkv = nn.Linear(embed_dim, embed_dim + 2 * kv_dim, bias=bias)
+            self.qkv = nn.Linear(embed_dim, self.inner_dim + 2 * kv_dim, bias=bias)
         else:
-            self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+            self.q_proj = nn.Linear(embed_dim, self.inner_dim, bias=bias)
             self.k_proj = nn.Linear(self.kdim, kv_dim, bias=bias)
             self.v_proj = nn.Linear(self.vdim, kv_dim, bias=bias)
         norm = nn.LayerNorm if qk_norm is True else qk_norm
         self.q_norm = norm(self.head_dim) if norm else nn.Identity()
         self.k_norm = norm(self.head_dim) if norm else nn.Identity()
         self.rope = RotaryEmbedding(self.head_dim) if rope is True else (rope or None)
-        self.norm = inner_norm(embed_dim) if inner_norm is not None else nn.Identity()
-        self.proj = nn.Linear(embed_dim, embed_dim, bias=bias if proj_bias is None else proj_bias)
+        self.norm = inner_norm(self.inner_dim) if inner_norm is not None else nn.Identity()
+        proj_bias = bias if proj_bias is None else proj_bias
+        self.proj = nn.Linear(self.inner_dim, embed_dim, bias=proj_bias)
 
     def extra_repr(self) -> str:
+        extra = ""
+        if self.inner_dim != self.embed_dim:
+            extra += f", head_dim={self.head_dim}"
+        if self.scale is not None:
+            extra += f", scale={self.scale}"
         return (
             f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
-            f"num_kv_heads={self.num_kv_heads}, dropout={self.dropout}"
+            f"num_kv_heads={self.num_kv_heads}, dropout={self.dropout}{extra}"
         )
 
     @classmethod
@@ -141,8 +158,13 @@ class MultiHeadAttention(nn.Module):
             if part == "kv":
                 return torch.cat((self.k_proj(x), self.v_proj(x)), dim=-1)
             return getattr(self, f"{part}_proj")(x)
-        E, kv = self.embed_dim, self.num_kv_heads * self.head_dim
-        rows = {"q": (0, E), "kv": (E, E + 2 * kv), "k": (E, E + kv), "v": (E + kv, E + 2 * kv)}
+        inner, kv = self.inner_dim, self.num_kv_heads * self.head_dim
+        rows = {
+            "q": (0, inner),
+            "kv": (inner, inner + 2 * kv),
+            "k": (inner, inner + kv),
+            "v": (inner + kv, inner + 2 * kv),
+        }
         start, end = rows[part]
         bias = None if self.qkv.bias is None else self.qkv.bias[start:end]
         return F.linear(x, self.qkv.weight[start:end], bias)
@@ -190,11 +212,11 @@ class MultiHeadAttention(nn.Module):
             raise ValueError("kdim/vdim differ from embed_dim: pass key and value explicitly")
         value = key if value is None else value
         H, Hkv = self.num_heads, self.num_kv_heads
-        B, Lq, E = query.shape
+        B, Lq, _ = query.shape
 
         if self_attn and self.fused_qkv:
             kv_dim = Hkv * self.head_dim
-            q, k, v = self.qkv(query).split((E, kv_dim, kv_dim), dim=-1)
+            q, k, v = self.qkv(query).split((self.inner_dim, kv_dim, kv_dim), dim=-1)
         else:
             q = self._in_proj(query, "q")
             k = v = None
@@ -227,9 +249,10 @@ class MultiHeadAttention(nn.Module):
             key_padding_mask=key_padding_mask,
             is_causal=is_causal,
             dropout_p=self.dropout if self.training else 0.0,
+            scale=self.scale,
             need_weights=need_weights,
             backend=self.backend,
         )
         out, weights = result if need_weights else (result, None)
-        out = out.transpose(1, 2).reshape(B, Lq, E)  # (B, Lq, E)
+        out = out.transpose(1, 2).reshape(B, Lq, self.inner_dim)  # (B, Lq, I)
         return self.proj(self.norm(out)), weights
