@@ -179,8 +179,8 @@ def test_nllb_table_entry_builds_the_real_architecture():
             )
         assert isinstance(ours, m.Encoder)
         c = ours.config
-        assert (c.vocab_size, c.width, c.pad_token_id, c.max_positions) == (256206, 1024, 1, 1024)
-        assert (c.layers, c.heads, c.mlp_dim) == (
+        assert (c.vocab_size, c.embed_dim, c.pad_id, c.max_positions) == (256206, 1024, 1, 1024)
+        assert (c.depth, c.num_heads, c.mlp_dim) == (
             entry["encoder_layers"],
             16,
             entry["encoder_ffn_dim"],
@@ -189,7 +189,7 @@ def test_nllb_table_entry_builds_the_real_architecture():
         count = sum(p.numel() for p in ours.parameters())
         assert count == sum(p.numel() for p in ref.parameters())
         assert ours.embed_tokens.weight.shape == ref.embed_tokens.weight.shape == (256206, 1024)
-        assert len(ours.blocks) == len(ref.layers) == c.layers
+        assert len(ours.blocks) == len(ref.layers) == c.depth
 
 
 def test_save_pretrained_round_trip(tmp_path):
@@ -264,7 +264,7 @@ def test_saved_position_table_is_checked_and_dropped():
         (dict(static_position_embeddings=False), "static_position_embeddings"),
         (dict(hidden_size=128), "hidden_size=128 contradicts d_model=64"),
         (dict(pad_token_id=None), "pad_token_id=None"),
-        (dict(encoder_attention_heads=5), r"width \(64\) must be divisible by heads \(5\)"),
+        (dict(encoder_attention_heads=5), r"embed_dim \(64\) must be divisible by num_heads \(5\)"),
     ],
 )
 def test_math_changing_fields_are_refused_by_name(change, message):
@@ -281,7 +281,7 @@ def test_folder_with_refused_field_and_ignored_fields(tmp_path):
         "init_std": 1.0,
     }
     cfg = m.config_from_hf(config)
-    assert (cfg.layers, cfg.width, cfg.mlp_dim, cfg.heads) == (2, 64, 128, 4)
+    assert (cfg.depth, cfg.embed_dim, cfg.mlp_dim, cfg.num_heads) == (2, 64, 128, 4)
     (tmp_path / "config.json").write_text(json.dumps({**config, "activation_function": "prelu"}))
     with pytest.raises(ValueError, match="activation_function='prelu'"):
         create_model(tmp_path, pretrained=False)
@@ -290,7 +290,8 @@ def test_folder_with_refused_field_and_ignored_fields(tmp_path):
 
 
 def test_bad_inputs_are_clear_errors():
-    model = m.Encoder(m.Config(vocab_size=50, width=16, layers=1, heads=2, mlp_dim=32)).eval()
+    config = m.Config(vocab_size=50, embed_dim=16, depth=1, num_heads=2, mlp_dim=32)
+    model = m.Encoder(config).eval()
     ids = torch.randint(2, 50, (2, 5))
     with pytest.raises(ValueError, match=r"input_ids must be a \(B, L\) long tensor"):
         model(ids.float())

@@ -93,7 +93,13 @@ def test_matches_transformers_with_padding(folders, case):
 def test_config_from_hf_reads_the_architecture(folders):
     config = json.loads((folders["t5-relu-wide-heads"] / "config.json").read_text())
     cfg = t5.config_from_hf(config)
-    assert (cfg.width, cfg.layers, cfg.heads, cfg.head_dim, cfg.mlp_dim) == (64, 2, 4, 24, 128)
+    assert (cfg.embed_dim, cfg.depth, cfg.num_heads, cfg.head_dim, cfg.mlp_dim) == (
+        64,
+        2,
+        4,
+        24,
+        128,
+    )
     assert cfg.feed_forward == "relu" and cfg.inner_dim == 96
     few = t5.config_from_hf(json.loads((folders["mt5-few-buckets"] / "config.json").read_text()))
     assert (few.relative_buckets, few.relative_max_distance, few.feed_forward) == (
@@ -105,7 +111,14 @@ def test_config_from_hf_reads_the_architecture(folders):
     for model_type, config_cls in (("t5", "T5Config"), ("mt5", "MT5Config")):
         ref = getattr(transformers, config_cls)()
         cfg = t5.config_from_hf({"model_type": model_type})
-        assert (cfg.vocab_size, cfg.width, cfg.layers, cfg.heads, cfg.head_dim, cfg.mlp_dim) == (
+        assert (
+            cfg.vocab_size,
+            cfg.embed_dim,
+            cfg.depth,
+            cfg.num_heads,
+            cfg.head_dim,
+            cfg.mlp_dim,
+        ) == (
             ref.vocab_size,
             ref.d_model,
             ref.num_layers,
@@ -113,7 +126,7 @@ def test_config_from_hf_reads_the_architecture(folders):
             ref.d_kv,
             ref.d_ff,
         )
-        assert cfg.feed_forward == ref.feed_forward_proj and cfg.eps == ref.layer_norm_epsilon
+        assert cfg.feed_forward == ref.feed_forward_proj and cfg.norm_eps == ref.layer_norm_epsilon
 
 
 @pytest.mark.parametrize(
@@ -263,7 +276,7 @@ def test_input_checks(folders):
 
 
 def test_dropout_is_training_only():
-    cfg = t5.Config(vocab_size=50, width=32, layers=1, heads=2, head_dim=16, mlp_dim=64)
+    cfg = t5.Config(vocab_size=50, embed_dim=32, depth=1, num_heads=2, head_dim=16, mlp_dim=64)
     torch.manual_seed(0)
     plain = t5.Encoder(cfg).eval()
     dropped = t5.Encoder(t5.Config(**{**cfg.to_dict(), "dropout": 0.5}))

@@ -71,13 +71,13 @@ class Config:
     """The fields of an M2M100 / NLLB encoder that change what it computes."""
 
     vocab_size: int = 128112  # V
-    width: int = 1024  # D (d_model)
-    layers: int = 12  # encoder_layers
-    heads: int = 16  # encoder_attention_heads
+    embed_dim: int = 1024  # D (d_model)
+    depth: int = 12  # encoder_layers
+    num_heads: int = 16  # encoder_attention_heads
     mlp_dim: int = 4096  # encoder_ffn_dim
     act: str = "relu"  # ours: relu, gelu, gelu_tanh, quick_gelu, silu
     norm_eps: float = 1e-5  # every LayerNorm (transformers uses nn.LayerNorm's default)
-    pad_token_id: int = 1  # padding token: no position, and the positions start after it
+    pad_id: int = 1  # padding token (pad_token_id): no position, and the positions start after it
     max_positions: int = 1024  # max_position_embeddings (the table has 2 more rows)
     scale_embedding: bool = True  # token embeddings times sqrt(D)
     dropout: float = 0.0  # on the embeddings and each branch output (training only)
@@ -85,16 +85,18 @@ class Config:
     activation_dropout: float = 0.0  # inside the MLP, after the activation (training only)
 
     def __post_init__(self) -> None:
-        if self.heads <= 0 or self.width % self.heads:
-            raise ValueError(f"width ({self.width}) must be divisible by heads ({self.heads})")
-        if self.width < 4:  # the frequency formula divides by D/2 - 1
-            raise ValueError(f"width must be at least 4 for the sinusoidal table, got {self.width}")
+        if self.num_heads <= 0 or self.embed_dim % self.num_heads:
+            raise ValueError(
+                f"embed_dim ({self.embed_dim}) must be divisible by num_heads ({self.num_heads})"
+            )
+        if self.embed_dim < 4:  # the frequency formula divides by D/2 - 1
+            raise ValueError(
+                f"embed_dim must be at least 4 for the sinusoidal table, got {self.embed_dim}"
+            )
         if self.act not in _OURS:
             raise ValueError(f"act must be one of {_OURS}, got {self.act!r}")
-        if not 0 <= self.pad_token_id < self.vocab_size:
-            raise ValueError(
-                f"pad_token_id ({self.pad_token_id}) must be a token id in [0, {self.vocab_size})"
-            )
+        if not 0 <= self.pad_id < self.vocab_size:
+            raise ValueError(f"pad_id ({self.pad_id}) must be a token id in [0, {self.vocab_size})")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -192,12 +194,12 @@ def config_from_hf(hf: Mapping[str, Any]) -> Config:
         )
     return Config(
         vocab_size=f["vocab_size"],
-        width=f["d_model"],
-        layers=f["encoder_layers"],
-        heads=f["encoder_attention_heads"],
+        embed_dim=f["d_model"],
+        depth=f["encoder_layers"],
+        num_heads=f["encoder_attention_heads"],
         mlp_dim=f["encoder_ffn_dim"],
         act=_ACTIVATIONS[act],
-        pad_token_id=pad,
+        pad_id=pad,
         max_positions=f["max_position_embeddings"],
         scale_embedding=bool(f["scale_embedding"]),
         dropout=float(f["dropout"]),
@@ -277,15 +279,15 @@ class Encoder(nn.Module):
     def __init__(self, config: Config) -> None:
         super().__init__()
         c = self.config = config
-        self.width = c.width
-        self.embed_scale = embed_scale(c.width, c.scale_embedding)
-        self.embed_tokens = nn.Embedding(c.vocab_size, c.width, padding_idx=c.pad_token_id)
-        self.embed_positions = SinusoidalPositions(c.max_positions, c.width, c.pad_token_id)
+        self.width = c.embed_dim
+        self.embed_scale = embed_scale(c.embed_dim, c.scale_embedding)
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.embed_dim, padding_idx=c.pad_id)
+        self.embed_positions = SinusoidalPositions(c.max_positions, c.embed_dim, c.pad_id)
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(
             make_block(
-                c.width,
-                c.heads,
+                c.embed_dim,
+                c.num_heads,
                 c.mlp_dim,
                 act=c.act,
                 norm_first=True,
@@ -294,9 +296,9 @@ class Encoder(nn.Module):
                 mlp_dropout=c.activation_dropout,
                 norm_eps=c.norm_eps,
             )
-            for _ in range(c.layers)
+            for _ in range(c.depth)
         )
-        self.norm = nn.LayerNorm(c.width, eps=c.norm_eps)
+        self.norm = nn.LayerNorm(c.embed_dim, eps=c.norm_eps)
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -307,7 +309,7 @@ class Encoder(nn.Module):
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
         with torch.no_grad():
-            self.embed_tokens.weight[self.config.pad_token_id].zero_()
+            self.embed_tokens.weight[self.config.pad_id].zero_()
 
     def forward(
         self, input_ids: torch.Tensor, key_padding_mask: torch.Tensor | None = None
@@ -401,14 +403,14 @@ def convert_hf(state_dict: Mapping[str, torch.Tensor], config: Config) -> dict[s
 
     saved = src.take_optional(f"{enc}embed_positions.weights")  # older transformers kept it
     if saved is not None:
-        table = sinusoidal_table(saved.shape[0], config.width, config.pad_token_id)
+        table = sinusoidal_table(saved.shape[0], config.embed_dim, config.pad_id)
         if saved.shape != table.shape or not torch.allclose(saved.float(), table, atol=1e-3):
             raise ValueError(
                 f"{enc}embed_positions.weights {tuple(saved.shape)} is not M2M100's sinusoidal "
-                f"table for width {config.width} and pad_token_id {config.pad_token_id}"
+                f"table for width {config.embed_dim} and pad_token_id {config.pad_id}"
             )
 
-    for i in range(config.layers):
+    for i in range(config.depth):
         prefix, ours = f"{enc}layers.{i}", f"blocks.{i}"
         _fuse_attention(src, f"{prefix}.self_attn", out, f"{ours}.attn")
         for name, new in _NORMS.items():

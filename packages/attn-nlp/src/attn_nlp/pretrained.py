@@ -134,7 +134,7 @@ def _build(config: dict[str, Any], overrides: dict[str, Any]) -> nn.Module:
             cfg = module.Config.from_dict({**fields, **overrides})
         else:
             cfg = module.config_from_hf(config)
-            cfg = dataclasses.replace(cfg, **overrides) if overrides else cfg
+            cfg = module.Config.from_dict({**cfg.to_dict(), **overrides}) if overrides else cfg
         return module.Encoder(cfg)
     if kind == "attn_nlp.transformer":
         return Transformer(TransformerConfig.from_dict({**fields, **overrides}))

@@ -62,20 +62,20 @@ class Config:
     """Hyper-parameters of :class:`Encoder` (defaults: ``google/mt5-base``'s encoder)."""
 
     vocab_size: int = 250112
-    width: int = 768  # d_model, D
-    layers: int = 12  # num_layers
-    heads: int = 12  # num_heads, H
+    embed_dim: int = 768  # d_model, D
+    depth: int = 12  # num_layers
+    num_heads: int = 12  # num_heads, H
     head_dim: int = 64  # d_kv, hd (H * hd need not equal D)
     mlp_dim: int = 2048  # d_ff, F
     feed_forward: str = "gated-gelu"  # "gated-gelu" (mT5, T5 v1.1) or "relu" (original T5)
     relative_buckets: int = 32  # relative_attention_num_buckets, NB
     relative_max_distance: int = 128  # relative_attention_max_distance
-    eps: float = 1e-6  # layer_norm_epsilon (RMSNorm)
-    pad_token_id: int = 0  # the tokenizer's padding id (for callers building masks)
+    norm_eps: float = 1e-6  # layer_norm_epsilon (RMSNorm)
+    pad_id: int = 0  # pad_token_id: the tokenizer's padding id (for callers building masks)
     dropout: float = 0.0  # training only (where T5 drops); config_from_hf leaves it 0
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "width", "layers", "heads", "head_dim", "mlp_dim"):
+        for name in ("vocab_size", "embed_dim", "depth", "num_heads", "head_dim", "mlp_dim"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -96,7 +96,7 @@ class Config:
     @property
     def inner_dim(self) -> int:
         """``H * hd``: the width of all heads' queries, keys and values."""
-        return self.heads * self.head_dim
+        return self.num_heads * self.head_dim
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -199,16 +199,16 @@ def config_from_hf(hf: Mapping[str, Any]) -> Config:
         raise ValueError(f"pruned_heads {hf['pruned_heads']!r} is not supported")
     return Config(
         vocab_size=get("vocab_size"),
-        width=get("d_model"),
-        layers=get("num_layers"),
-        heads=get("num_heads"),
+        embed_dim=get("d_model"),
+        depth=get("num_layers"),
+        num_heads=get("num_heads"),
         head_dim=get("d_kv"),
         mlp_dim=get("d_ff"),
         feed_forward=_feed_forward(hf, defaults["feed_forward_proj"]),
         relative_buckets=get("relative_attention_num_buckets"),
         relative_max_distance=get("relative_attention_max_distance"),
-        eps=float(get("layer_norm_epsilon")),
-        pad_token_id=get("pad_token_id"),
+        norm_eps=float(get("layer_norm_epsilon")),
+        pad_id=get("pad_token_id"),
     )
 
 
@@ -300,17 +300,17 @@ class Encoder(nn.Module):
     def __init__(self, config: Config) -> None:
         super().__init__()
         c = self.config = config
-        self.width = c.width
-        self.embed_tokens = nn.Embedding(c.vocab_size, c.width)
+        self.width = c.embed_dim
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.embed_dim)
         self.relative_position_bias = RelativePositionBias(
-            c.relative_buckets, c.relative_max_distance, c.heads
+            c.relative_buckets, c.relative_max_distance, c.num_heads
         )
         self.drop = nn.Dropout(c.dropout)
-        norm = partial(nn.RMSNorm, eps=c.eps)
+        norm = partial(nn.RMSNorm, eps=c.norm_eps)
         self.blocks = nn.ModuleList(
             TransformerBlock(
-                c.width,
-                c.heads,
+                c.embed_dim,
+                c.num_heads,
                 mlp_hidden_dim=c.mlp_dim,
                 bias=False,
                 mlp_bias=False,
@@ -323,9 +323,9 @@ class Encoder(nn.Module):
                 dropout=c.dropout,
                 attn_dropout=c.dropout,
             )
-            for _ in range(c.layers)
+            for _ in range(c.depth)
         )
-        self.norm = norm(c.width)
+        self.norm = norm(c.embed_dim)
 
     def forward(
         self, input_ids: torch.Tensor, key_padding_mask: torch.Tensor | None = None
@@ -408,7 +408,7 @@ def convert_hf(state_dict: Mapping[str, torch.Tensor], config: Config) -> dict[s
             "block.0.layer.0.SelfAttention.relative_attention_bias.weight"
         ),
     }
-    for i in range(config.layers):
+    for i in range(config.depth):
         hf, ours = f"block.{i}.layer", f"blocks.{i}"
         attn = {p: take(f"{hf}.0.SelfAttention.{p}.weight") for p in "qkvo"}
         out[f"{ours}.norm1.weight"] = take(f"{hf}.0.layer_norm.weight")
