@@ -69,6 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--loss", choices=["clip", "siglip"], default="clip", help="InfoNCE or sigmoid")
     g.add_argument("--caption-loss-weight", type=float, help="CoCa (default 2.0: open_clip's)")
     g.add_argument("--clip-loss-weight", type=float, help="CoCa (default 1.0: open_clip's)")
+    g.add_argument(
+        "--caption-input-noise",
+        type=float,
+        default=0.0,
+        metavar="P",
+        help="CoCa: the decoder reads each caption word as a random word with probability P",
+    )
     cli.add_schedule_args(g, epochs=10, batch_size=128, lr=1e-3, warmup=100)
     cli.add_optimizer_args(g, wd=0.1, min_lr_ratio=0.0, betas=(0.9, 0.98), eps=1e-6)
     cli.add_run_args(g := p.add_argument_group("run"), log_every=20, save_every=200, fsdp=True)
@@ -87,6 +94,8 @@ def check_inputs(args: argparse.Namespace) -> None:
         raise ValueError(f"--export-fp16 {args.export_fp16} is a folder, not a file")
     if args.wise_ft_alpha is not None and not 0.0 <= args.wise_ft_alpha <= 1.0:
         raise ValueError(f"--wise-ft-alpha must be in [0, 1], got {args.wise_ft_alpha}")
+    if not 0.0 <= args.caption_input_noise <= 1.0:
+        raise ValueError(f"--caption-input-noise must be in [0, 1], got {args.caption_input_noise}")
 
 
 def build_model(args: argparse.Namespace) -> attn_clip.CLIP:
@@ -120,10 +129,13 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     model = build_model(args).to(device)
     weights = {k: getattr(args, k) for k in ("caption_loss_weight", "clip_loss_weight")}
     loss_fn = attn_clip.create_loss(model, args.loss, **weights)  # CoCa: + the caption loss
+    if args.caption_input_noise > 0 and not model.config.is_coca:
+        raise ValueError("--caption-input-noise is for CoCa models (it noises the decoder's input)")
     model.visual.requires_grad_(not args.lock_image)
     model.set_grad_checkpointing(args.grad_checkpointing)
     ema = at.make_ema(model, args.ema_decay)
     tokenizer = attn_clip.get_tokenizer(model.config)
+    special_ids = (tokenizer.sot_token_id, tokenizer.eot_token_id, model.config.text.pad_id)
     train_tf = attn_clip.image_transform(model.preprocess_cfg, is_train=not args.no_augment)
     eval_tf = attn_clip.image_transform(model.preprocess_cfg)
     csv = dict(img_key=args.csv_img_key, caption_key=args.csv_caption_key, sep=args.csv_separator)
@@ -181,6 +193,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             "pretrained": args.pretrained,
             "loss": "coca" if model.config.is_coca else args.loss,
             "init_image_from": args.init_image_from,
+            "caption_input_noise": args.caption_input_noise,
         },
     )
     has_eval = bool(zs_sets) or val is not None
@@ -198,7 +211,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         scheduler,
         loader,
         config,
-        step_fn=at.contrastive_step(loss_fn, args.lock_image),
+        step_fn=at.contrastive_step(
+            loss_fn, args.lock_image, args.caption_input_noise, special_ids
+        ),
         evaluate=evaluate_all if has_eval else None,
         write_files=lambda folder: attn_clip.save_config(model, folder),  # + model.safetensors
         train_mode=train_mode,

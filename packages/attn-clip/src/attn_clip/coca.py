@@ -198,11 +198,19 @@ class CoCa(CLIP):
         return self.visual.forward_tokens(images)
 
     def forward(
-        self, images: torch.Tensor | None = None, texts: torch.Tensor | None = None
+        self,
+        images: torch.Tensor | None = None,
+        texts: torch.Tensor | None = None,
+        decoder_texts: torch.Tensor | None = None,
     ) -> CoCaOutput:
         """Embed images and/or captions; with both, the image-text logits and the caption
         logits ``(B, L - 1, V)``: token ``t + 1`` predicted from the image and tokens
-        ``<= t`` (teacher forcing, open_clip's ``CoCa.forward``)."""
+        ``<= t`` (teacher forcing, open_clip's ``CoCa.forward``).
+
+        ``decoder_texts`` ``(B, L)`` (optional, with images and texts): the decoder reads
+        these tokens instead of ``texts`` (the text tower runs a second time, on them), while
+        the labels and the contrastive embeddings stay those of ``texts`` -- e.g. captions
+        with noised input words (:func:`attn_train.contrastive.noise_caption_inputs`)."""
         image_embeds = image_tokens = text_embeds = text_tokens = None
         if images is not None:
             image_embeds, image_tokens = self.encode_image_tokens(images)
@@ -210,6 +218,14 @@ class CoCa(CLIP):
         if texts is not None:
             text_embeds, text_tokens = self.text.forward_tokens(texts)
             text_embeds = F.normalize(text_embeds, dim=-1)
+        if decoder_texts is not None:
+            if texts is None or images is None or decoder_texts.shape != texts.shape:
+                shape = None if texts is None else tuple(texts.shape)
+                raise ValueError(
+                    f"decoder_texts must come with images and texts and have the texts' shape "
+                    f"{shape}; got {tuple(decoder_texts.shape)}"
+                )
+            _, text_tokens = self.text.forward_tokens(decoder_texts)
         per_image = per_text = logits = labels = None
         if image_embeds is not None and text_embeds is not None:
             per_image, per_text = self.logits(image_embeds, text_embeds)
