@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 from attn_core import DropPath
-from attn_core.blocks import ACTIVATIONS
+from attn_core.activations import ACTIVATIONS, GATED_ACTIVATIONS
 from torch import nn
 
 from .convnext import LayerNorm2d
@@ -80,7 +80,7 @@ class VitaminConfig(ViTConfig):
                              f"{self.conv_depths}")  # fmt: skip
         if self.pos_embed not in POS_EMBEDS:
             raise ValueError(f"pos_embed must be one of {POS_EMBEDS}, got {self.pos_embed!r}")
-        if self.act not in ACTIVATIONS or self.act == "swiglu":
+        if self.act not in ACTIVATIONS or self.act in GATED_ACTIVATIONS:
             raise ValueError(f"act is the GeGLU MLP's activation (e.g. 'gelu'), got {self.act!r}")
         unused = [f for f in ("patch_bias", "rope_ref_grid") if getattr(self, f) is not None]
         unused += [f for f in ("mlp_inner_norm", "rope") if getattr(self, f)]
