@@ -57,6 +57,12 @@ class CLIPConfig:
             self.multimodal = MultimodalConfig(**self.multimodal)
         if self.multimodal is not None:
             self._check_coca()
+        t = self.text
+        if t.tower == "hf" and t.hf_proj_type is None and t.width != self.embed_dim:
+            raise ValueError(
+                f"text hf_proj_type=None needs the encoder width ({t.width}) == embed_dim "
+                f"({self.embed_dim})"
+            )
         for name, tower in (("text", self.text), ("vision", self.vision)):
             if tower.proj_type == "none" and tower.width != self.embed_dim:
                 raise ValueError(

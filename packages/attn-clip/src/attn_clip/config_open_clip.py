@@ -42,11 +42,18 @@ _TEXT_NOOP = {
     "scale_attn_inner": False,
     "scale_attn": False,
     "scale_fc": False,
-    "hf_model_name": None,
     "tokenizer_mode": None,
 }
 # output_tokens only makes a tower also return its tokens (CoCa's always do)
-_TEXT_IGNORED = ("hf_model_pretrained", "hf_proj_type", "hf_pooler_type", "output_tokens")
+_TEXT_IGNORED = ("output_tokens",)
+# a Hugging Face text tower (hf_model_name): the fields it reads (hf_encoder: attn_clip's
+# own, the architecture of hf_model_name; open_clip refuses the key), and those it ignores:
+# hf_model_pretrained only says whether open_clip's random init starts from the hub's
+# weights, which a checkpoint replaces; output_tokens only adds the tokens to its output
+# (HFTextTower.forward_tokens)
+_HF_TEXT_KEYS = ("hf_model_name", "hf_encoder", "hf_tokenizer_name", "hf_pooler_type",
+                 "hf_proj_type", "context_length", "tokenizer_kwargs")  # fmt: skip
+_HF_TEXT_IGNORED = ("hf_model_pretrained", "output_tokens")
 _VISION_IGNORED = ("output_tokens",)
 # CoCa's multimodal_cfg: what open_clip's MultimodalTransformer reads; it ignores the rest
 # (its MLPs are 4x wide whatever mlp_ratio says; the vocabulary is the text tower's)
@@ -164,9 +171,27 @@ def from_open_clip(cfg: dict[str, Any]) -> dict[str, Any]:
         known_v = {f.name for f in fields(CLIPVisionConfig)} - {"act", "norm_eps"}
         bad += [f"vision_cfg.{k}" for k in vcfg if k not in known_v]
 
+    if tcfg.get("hf_model_name") or "hf_encoder" in tcfg:  # open_clip: `if hf_model_name:`
+        text = _hf_text(tcfg, act, multimodal is not None, bad)
+        if bad:
+            raise ValueError(
+                "open_clip config uses features attn_clip does not implement: " + ", ".join(bad)
+            )
+        if vision is None:
+            vision = CLIPVisionConfig(**vcfg, act=v_act, norm_eps=v_eps)
+        return {
+            "embed_dim": embed_dim,
+            "vision": vision,
+            "text": text,
+            "init_logit_scale": init_logit_scale,
+            "init_logit_bias": init_logit_bias,
+            "multimodal": multimodal,
+        }
     for k, allowed in _TEXT_NOOP.items():
         if k in tcfg and not _is_noop(tcfg.pop(k), allowed):
             bad.append(f"text_cfg.{k}")
+    for k in ("hf_model_name", "hf_model_pretrained", "hf_proj_type", "hf_pooler_type"):
+        tcfg.pop(k, None)  # (a falsy hf_model_name: open_clip builds its own tower)
     for k in _TEXT_IGNORED:
         tcfg.pop(k, None)
     if not tcfg.get("embed_cls", False):  # the pad mask is CoCa's alone
@@ -191,6 +216,47 @@ def from_open_clip(cfg: dict[str, Any]) -> dict[str, Any]:
         "init_logit_bias": init_logit_bias,
         "multimodal": multimodal,
     }
+
+
+def _hf_text(tcfg: dict[str, Any], act: str, coca: bool, bad: list[str]) -> CLIPTextConfig | None:
+    """A Hugging Face text tower's ``text_cfg`` -> :class:`CLIPTextConfig` (None when
+    refused: the reasons appended to ``bad``). ``act`` is the config's ``quick_gelu`` flag,
+    kept as the text act so the flag round-trips (the Hugging Face encoder has its own)."""
+    name = tcfg.get("hf_model_name")
+    if coca:
+        bad.append("text_cfg.hf_model_name with multimodal_cfg (CoCa over a Hugging Face text "
+                   "tower)")  # fmt: skip
+        return None
+    kw = {k: tcfg.pop(k) for k in _HF_TEXT_KEYS if k in tcfg}
+    for k in _HF_TEXT_IGNORED:
+        tcfg.pop(k, None)
+    for k, allowed in _TEXT_NOOP.items():
+        if k in tcfg and not _is_noop(tcfg.pop(k), allowed):
+            bad.append(f"text_cfg.{k}")
+    stated = {k: tcfg.pop(k) for k in ("width", "vocab_size") if k in tcfg}
+    bad += [f"text_cfg.{k} (a Hugging Face tower's architecture is hf_model_name's)"
+            for k in tcfg]  # fmt: skip
+    try:
+        text = CLIPTextConfig(**kw, act=act)
+    except ValueError as e:
+        bad.append(f"text_cfg.hf_model_name={name!r} ({e})")
+        return None
+    for k, v in stated.items():  # (CoCa's configs state the width their decoder reads)
+        if v != getattr(text, k):
+            bad.append(f"text_cfg.{k}={v!r} ({name!r} has {k} {getattr(text, k)})")
+    return text
+
+
+def _hf_text_cfg(t: CLIPTextConfig) -> dict[str, Any]:
+    """open_clip's ``text_cfg`` of a Hugging Face tower (+ attn_clip's ``hf_encoder``)."""
+    out: dict[str, Any] = {"hf_model_name": t.hf_model_name} if t.hf_model_name else {}
+    if t.hf_tokenizer_name:
+        out["hf_tokenizer_name"] = t.hf_tokenizer_name
+    out.update(hf_pooler_type=t.hf_pooler_type, hf_proj_type=t.hf_proj_type,
+               context_length=t.context_length, hf_encoder=dict(t.hf_encoder))  # fmt: skip
+    if t.tokenizer_kwargs:
+        out["tokenizer_kwargs"] = dict(t.tokenizer_kwargs)
+    return out
 
 
 def to_open_clip(config: Any) -> dict[str, Any]:
@@ -235,6 +301,31 @@ def to_open_clip(config: Any) -> dict[str, Any]:
         if v.attentional_pool:
             vision_cfg.update(attentional_pool=True, attn_pooler_queries=v.attn_pooler_queries,
                               attn_pooler_heads=v.attn_pooler_heads)  # fmt: skip
+    if t.tower == "hf":
+        text_cfg = _hf_text_cfg(t)
+    else:
+        text_cfg = _text_cfg(t)
+    out: dict[str, Any] = {
+        "embed_dim": config.embed_dim,
+        "quick_gelu": quick,
+        "vision_cfg": vision_cfg,
+        "text_cfg": text_cfg,
+        "init_logit_scale": config.init_logit_scale,
+    }
+    if config.init_logit_bias is not None:
+        out["init_logit_bias"] = config.init_logit_bias
+    m = config.multimodal
+    if m is not None:
+        out["multimodal_cfg"] = {"width": m.width, "layers": m.layers, "heads": m.heads,
+                                 "context_length": m.context_length,
+                                 "ls_init_value": m.ls_init_value}  # fmt: skip
+        # open_clip's CoCa reads the towers' tokens: without it they return embeddings only
+        vision_cfg["output_tokens"] = text_cfg["output_tokens"] = True
+    return out
+
+
+def _text_cfg(t: CLIPTextConfig) -> dict[str, Any]:
+    """open_clip's ``text_cfg`` of its own (causal Transformer) text tower."""
     text_cfg = {
         "context_length": t.context_length,
         "vocab_size": t.vocab_size,
@@ -260,20 +351,4 @@ def to_open_clip(config: Any) -> dict[str, Any]:
         text_cfg["tokenizer_kwargs"] = dict(t.tokenizer_kwargs)
     if t.embed_cls:
         text_cfg.update(embed_cls=True, pad_id=t.pad_id)
-    out: dict[str, Any] = {
-        "embed_dim": config.embed_dim,
-        "quick_gelu": quick,
-        "vision_cfg": vision_cfg,
-        "text_cfg": text_cfg,
-        "init_logit_scale": config.init_logit_scale,
-    }
-    if config.init_logit_bias is not None:
-        out["init_logit_bias"] = config.init_logit_bias
-    m = config.multimodal
-    if m is not None:
-        out["multimodal_cfg"] = {"width": m.width, "layers": m.layers, "heads": m.heads,
-                                 "context_length": m.context_length,
-                                 "ls_init_value": m.ls_init_value}  # fmt: skip
-        # open_clip's CoCa reads the towers' tokens: without it they return embeddings only
-        vision_cfg["output_tokens"] = text_cfg["output_tokens"] = True
-    return out
+    return text_cfg

@@ -14,12 +14,16 @@ Sources (detected from tell-tale keys by :func:`detect_format`):
   ``q_bias`` / ``v_bias`` fused into one ``qkv`` with a zero key bias, SwiGLU's ``fc1_x`` /
   ``fc1_g`` into one ``fc1``, ``gamma_1`` / ``gamma_2`` into ``ls1`` / ``ls2``), and
   OpenAI's ResNets (``visual.conv1`` ... ``visual.attnpool.*``,
-  ours under ``visual.trunk.``).
+  ours under ``visual.trunk.``), and its Hugging Face text towers (``text.transformer.*``:
+  the transformers encoder's own keys, converted by the attn_nlp family's ``convert_hf``
+  against the model's text config into ours under ``text.encoder.``; ``text.proj.*`` are
+  ours: :mod:`attn_clip.hf_text`).
 * ``hf``         -- transformers ``CLIPModel`` (``text_model.*``, ``vision_model.*``,
   separate ``q_proj`` / ``k_proj`` / ``v_proj`` that are fused into one ``qkv``).
 * ``hf_siglip``  -- transformers ``SiglipModel`` / ``Siglip2Model`` (the same, plus
   ``vision_model.head.*``, the MAP head, and ``text_model.head``, the text projection).
-* ``attn_clip``  -- our own names (``visual.trunk.*``, ``text.blocks.*``): identity.
+* ``attn_clip``  -- our own names (``visual.trunk.*``, ``text.blocks.*`` or
+  ``text.encoder.*``): identity.
 
 BatchNorm's ``num_batches_tracked`` counters (ResNet towers) that a checkpoint leaves out are
 filled in as zeros by :func:`fit_to_model`, as ``torch.nn.BatchNorm2d`` does; they change
@@ -40,8 +44,10 @@ from typing import TYPE_CHECKING
 import torch
 from attn_vision.convert import eva_to_vit
 
+from .hf_text import convert_open_clip_text, to_open_clip_text
+
 if TYPE_CHECKING:
-    from .config import CLIPVisionConfig
+    from .config import CLIPTextConfig, CLIPVisionConfig
 
 __all__ = [
     "convert_hf_clip",
@@ -118,7 +124,7 @@ def detect_format(sd: Mapping[str, torch.Tensor]) -> str:
     ``ValueError`` otherwise."""
     keys = set(_strip_prefixes(sd))
     if any(k.startswith("visual.trunk.") for k in keys) and any(
-        k.startswith("text.blocks.") for k in keys
+        k.startswith(("text.blocks.", "text.encoder.")) for k in keys
     ):
         return "attn_clip"
     if any(k.startswith("text_model.") for k in keys) and any(
@@ -127,6 +133,7 @@ def detect_format(sd: Mapping[str, torch.Tensor]) -> str:
         siglip = "vision_model.head.probe" in keys or "text_model.head.weight" in keys
         return "hf_siglip" if siglip else "hf"
     text = "positional_embedding" in keys or "text.positional_embedding" in keys
+    text = text or any(k.startswith("text.transformer.") for k in keys)  # + a HF text tower
     # open_clip's own ViT or ResNet (visual.conv1), or a timm tower (visual.trunk.*)
     if text and any(k == "visual.conv1.weight" or k.startswith("visual.trunk.") for k in keys):
         return "open_clip"
@@ -177,9 +184,33 @@ def _pos_2d(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(1, *t.shape[-2:]) if t.ndim == 2 else t
 
 
-def convert_open_clip(sd: Mapping[str, torch.Tensor]) -> StateDict:
-    """open_clip / OpenAI CLIP state dict -> attn_clip state dict."""
-    sd = _strip_prefixes(sd)
+def _hf_text_keys(sd: StateDict, text: CLIPTextConfig | None) -> tuple[StateDict, StateDict]:
+    """Split off a Hugging Face text tower's keys (open_clip's ``text.transformer.*`` of a
+    transformers encoder, ``text.proj.*``), converted to ours: ``(the rest, ours)``."""
+    hf = [k for k in sd if k.startswith("text.transformer.")
+          and not k.startswith("text.transformer.resblocks.")]  # fmt: skip
+    if not hf:
+        return sd, {}
+    if text is None or text.hf_encoder is None:
+        raise ValueError(
+            "this open_clip checkpoint has a Hugging Face text tower (text.transformer."
+            f"{hf[0][len('text.transformer.') :]}, ...); it converts against a text config "
+            "with hf_encoder (the model's: load it into a model built for it)"
+        )
+    tower = {k: v for k, v in sd.items() if k.startswith(("text.transformer.", "text.proj."))}
+    rest = {k: v for k, v in sd.items() if k not in tower}
+    return rest, convert_open_clip_text(tower, text.hf_encoder)
+
+
+def convert_open_clip(
+    sd: Mapping[str, torch.Tensor], text: CLIPTextConfig | None = None
+) -> StateDict:
+    """open_clip / OpenAI CLIP state dict -> attn_clip state dict.
+
+    ``text``: the model's text config, needed for a Hugging Face text tower (whose keys
+    convert per encoder family: :func:`attn_clip.hf_text.convert_open_clip_text`).
+    """
+    sd, hf_text = _hf_text_keys(_strip_prefixes(sd), text)
     if any(k.startswith("text.") for k in sd):  # CustomTextCLIP layout: text tower under text.
         sd = {(k[5:] if k.startswith("text.") else k): v for k, v in sd.items()}
     c = _Consumer(sd, "open_clip")
@@ -248,7 +279,8 @@ def convert_open_clip(sd: Mapping[str, torch.Tensor]) -> StateDict:
     c.move("logit_bias", "logit_bias", lambda t: t.reshape(()))
     # OpenAI TorchScript archives carry these as buffers; the text tower's causal mask
     # is a non-persistent buffer in open_clip but older checkpoints saved it.
-    return c.finish(ignore=("input_resolution", "context_length", "vocab_size", "attn_mask"))
+    out = c.finish(ignore=("input_resolution", "context_length", "vocab_size", "attn_mask"))
+    return {**out, **hf_text}
 
 
 def _hf_blocks(c: _Consumer) -> None:
@@ -346,8 +378,14 @@ _CONVERTERS = {
 }
 
 
-def to_attn_clip(sd: Mapping[str, torch.Tensor], fmt: str | None = None) -> StateDict:
-    """Convert any supported state dict (format detected unless ``fmt`` is given)."""
+def to_attn_clip(
+    sd: Mapping[str, torch.Tensor], fmt: str | None = None, text: CLIPTextConfig | None = None
+) -> StateDict:
+    """Convert any supported state dict (format detected unless ``fmt`` is given).
+
+    ``text``: the model's text config (an open_clip checkpoint with a Hugging Face text
+    tower converts against it).
+    """
     fmt = fmt or detect_format(sd)
     if fmt == "attn_clip":
         return _strip_prefixes(sd)
@@ -355,6 +393,8 @@ def to_attn_clip(sd: Mapping[str, torch.Tensor], fmt: str | None = None) -> Stat
         raise ValueError(
             f"unknown checkpoint format {fmt!r}; expected one of {[*_CONVERTERS, 'attn_clip']}"
         )
+    if fmt == "open_clip":
+        return convert_open_clip(sd, text)
     return _CONVERTERS[fmt](sd)
 
 
@@ -426,9 +466,15 @@ def _vit_to_eva(sd: StateDict, vision: CLIPVisionConfig) -> StateDict:
 
 
 def to_open_clip(
-    sd: Mapping[str, torch.Tensor], vision: CLIPVisionConfig | None = None
+    sd: Mapping[str, torch.Tensor],
+    vision: CLIPVisionConfig | None = None,
+    text: CLIPTextConfig | None = None,
 ) -> StateDict:
     """attn_clip state dict -> open_clip ``CLIP`` names (what open_clip's loader reads).
+
+    A Hugging Face text tower (``text``: the model's text config, with ``hf_encoder``)
+    takes open_clip's ``HFTextEncoder`` names: ``text.transformer.<the transformers
+    encoder's keys>``, ``text.proj.*`` (:func:`attn_clip.hf_text.to_open_clip_text`).
 
     An image tower without class token, or with a patch bias, a MAP head (SigLIP) or its
     trunk's classifier as projection (MobileCLIP2-L-14), or a ConvNeXt keeps timm's names
@@ -439,6 +485,11 @@ def to_open_clip(
     """
     if vision is not None and vision.eva is not None:
         sd = _vit_to_eva(dict(sd), vision)
+    hf_text: StateDict = {}
+    if text is not None and text.hf_encoder is not None:
+        hf_text = {k: v for k, v in sd.items() if k.startswith(("text.encoder.", "text.proj."))}
+        sd = {k: v for k, v in sd.items() if k not in hf_text}
+        hf_text = to_open_clip_text(hf_text, text.hf_encoder)
     inv_block = {v: k for k, v in _OPEN_CLIP_CROSS_BLOCK.items()}
     inv_pool = {f"visual.attn_pool.attn.{v}": f"visual.attn_pool.attn.{k}"
                 for k, v in _POOLER_ATTN.items()}  # fmt: skip
@@ -486,7 +537,7 @@ def to_open_clip(
         out["visual.attn_pool.attn.in_proj_bias"] = torch.cat(pool_bias)
     if "text.cls_emb" in sd:  # CoCa: open_clip's CoCa keeps its text tower under text.
         out = {("text." + k if k.startswith(_OPEN_CLIP_TEXT) else k): t for k, t in out.items()}
-    return out
+    return {**out, **hf_text}
 
 
 # the text tower's top-level open_clip names (CLIP's layout), moved under text. for CoCa

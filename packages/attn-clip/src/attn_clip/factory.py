@@ -176,31 +176,41 @@ def load_checkpoint(
     else:
         state_dict, source = read_checkpoint(checkpoint).state_dict, str(checkpoint)
     try:
-        sd = to_attn_clip(state_dict, detect_format(state_dict))
+        sd = to_attn_clip(state_dict, detect_format(state_dict), text=model.config.text)
     except ValueError as e:
         raise hub.CheckpointError(f"{source}: {e}") from None
     sd = fit_to_model(sd, model.state_dict())
     return hub.load_state_dict(model, sd, source=source)
 
 
+def _fresh_buffer(owner: torch.nn.Module, name: str, buffer: torch.Tensor) -> torch.Tensor:
+    """The value of non-persistent buffer ``name`` of module ``owner``, computed afresh."""
+    from attn_core import AxialRotaryEmbedding
+
+    if isinstance(owner, AxialRotaryEmbedding) and name.endswith(".inv_freq"):
+        return AxialRotaryEmbedding(owner.dim, owner.base, owner.ref_grid, owner.grid_offset,
+                                    owner.interleaved).inv_freq  # fmt: skip
+    if type(owner).__module__ == "attn_nlp.m2m100" and name.endswith(".table"):
+        from attn_nlp.m2m100 import SinusoidalPositions, sinusoidal_table
+
+        if isinstance(owner, SinusoidalPositions):  # an NLLB text tower's positions
+            return sinusoidal_table(buffer.shape[0], owner.dim, owner.padding_idx)
+    raise RuntimeError(f"no rule computes the non-persistent buffer {name}")
+
+
 def _compute_non_persistent_buffers(model: CLIP) -> None:
     """Fill the buffers no checkpoint holds, which a model built on the ``meta`` device
     and moved by ``to_empty`` has as uninitialized memory: the RoPE frequencies of an EVA02
-    trunk (from a fresh :class:`~attn_core.AxialRotaryEmbedding`). Any other such buffer
-    is an error here rather than garbage in the outputs."""
-    from attn_core import AxialRotaryEmbedding
-
+    trunk (from a fresh :class:`~attn_core.AxialRotaryEmbedding`), the sinusoidal position
+    table of an NLLB (M2M100) text tower. Any other such buffer is an error here rather
+    than garbage in the outputs."""
     saved = set(model.state_dict())
     for name, buffer in model.named_buffers():
         if name in saved:
             continue
         owner = model.get_submodule(name.rpartition(".")[0])
-        if not (isinstance(owner, AxialRotaryEmbedding) and name.endswith(".inv_freq")):
-            raise RuntimeError(f"no rule computes the non-persistent buffer {name}")
-        fresh = AxialRotaryEmbedding(owner.dim, owner.base, owner.ref_grid, owner.grid_offset,
-                                     owner.interleaved)  # fmt: skip
         with torch.no_grad():
-            buffer.copy_(fresh.inv_freq)
+            buffer.copy_(_fresh_buffer(owner, name, buffer))
 
 
 def _with_overrides(config: CLIPConfig, overrides: dict[str, Any]) -> CLIPConfig:
@@ -403,4 +413,4 @@ def save_weights(model: CLIP, path: str | os.PathLike, dtype: torch.dtype | None
     sd = model.state_dict()
     if dtype is not None:
         sd = {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}
-    return hub.save_state_dict(to_open_clip(sd, model.config.vision), path)
+    return hub.save_state_dict(to_open_clip(sd, model.config.vision, model.config.text), path)

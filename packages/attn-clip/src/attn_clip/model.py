@@ -19,6 +19,7 @@ from attn_core.fast_inference import compile_module
 from torch import nn
 
 from .config import CLIPConfig, PreprocessConfig
+from .hf_text import HFTextTower
 from .text import TextTransformer
 from .vision import CLIPVisionTower
 
@@ -40,14 +41,18 @@ class CLIPOutput(NamedTuple):
 
 class CLIP(nn.Module):
     """Dual encoder: ``visual`` (attn_vision ViT + proj; SigLIP: MAP head, no proj),
-    ``text`` (Transformer + proj; causal for CLIP, bidirectional for SigLIP)."""
+    ``text`` (Transformer + proj; causal for CLIP, bidirectional for SigLIP; or a Hugging
+    Face encoder, pooled and projected: :class:`~attn_clip.hf_text.HFTextTower`)."""
 
     def __init__(self, config: CLIPConfig, weight_init: bool = True) -> None:
         """``weight_init=False`` skips the random init (weights are about to be loaded)."""
         super().__init__()
         self.config = config
         self.visual = CLIPVisionTower(config.vision, config.embed_dim, weight_init)
-        self.text = TextTransformer(config.text, config.embed_dim, weight_init)
+        if config.text.tower == "hf":  # open_clip's HFTextEncoder (XLM-R, mT5, NLLB, ...)
+            self.text = HFTextTower(config.text, config.embed_dim, weight_init)
+        else:
+            self.text = TextTransformer(config.text, config.embed_dim, weight_init)
         self.logit_scale = nn.Parameter(torch.tensor(float(config.init_logit_scale)))
         if config.init_logit_bias is not None:
             self.logit_bias = nn.Parameter(torch.tensor(float(config.init_logit_bias)))
@@ -92,7 +97,8 @@ class CLIP(nn.Module):
 
         ``truncate=True`` encodes only up to the longest caption's pooled (EOT) token:
         exact with the causal text tower, and much faster on short prompts than all ``L``
-        columns (``False``).
+        columns (``False``); a Hugging Face tower drops the columns that are padding in
+        every caption (exact too: their keys are masked).
         """
         features = self.text(texts, truncate=truncate)
         return F.normalize(features, dim=-1) if normalize else features

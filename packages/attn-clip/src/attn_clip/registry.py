@@ -5,7 +5,9 @@
 ``-quickgelu`` variants, ...; SigLIP / SigLIP2: ``ViT-B-16-SigLIP``,
 ``ViT-SO400M-14-SigLIP-384``, ...; ConvNeXt: ``convnext_base_w``, ``convnext_large_d``,
 ...; OpenAI's ResNets: ``RN50``, ``RN50x4``, ...; EVA-CLIP: ``EVA02-B-16``, ``EVA01-g-14``,
-...; ViTamin: ``ViTamin-S``, ``ViTamin-L2-384``, ...) plus attn_clip's bundled models;
+...; ViTamin: ``ViTamin-S``, ``ViTamin-L2-384``, ...; the Hugging Face text towers:
+``xlm-roberta-base-ViT-B-32``, ``nllb-clip-base``, ``mt5-xl-ViT-H-14``, ..., whose encoder
+architecture attn_nlp ships) plus attn_clip's bundled models;
 ``list_pretrained()`` the open_clip ``(name, tag)`` pairs; ``get_pretrained_cfg(name, tag)``
 says where open_clip would download the weights from and how images must be preprocessed
 for them.
@@ -362,13 +364,17 @@ COVERAGE_FAMILIES = (
     ("OpenAI ResNet (RN*)", lambda n: n.startswith("RN")),
     ("EVA-CLIP (EVA01 / EVA02)", lambda n: n.startswith("EVA")),
     ("ViTamin", lambda n: n.startswith("ViTamin")),
+    (
+        "Hugging Face text towers (XLM-R, RoBERTa, NLLB, mT5)",
+        lambda n: n.startswith(("xlm-roberta-", "roberta-", "nllb-clip-", "mt5-", "coca_roberta-")),
+    ),
 )
 
 
 def coverage() -> str:
     """How many of open_clip's model configs and pretrained tags attn_clip builds, from
     the shipped table (imports nothing): overall, per family (SigLIP / SigLIP2, ConvNeXt,
-    ResNet, EVA, ViTamin), and why the rest is refused."""
+    ResNet, EVA, ViTamin, Hugging Face text towers), and why the rest is refused."""
     table = _table()
     models, unsupported = table["models"], table["unsupported"]
     pretrained, refused_tags = table["pretrained"], table["unsupported_pretrained"]

@@ -224,7 +224,9 @@ def _eva_fields(d: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass
 class CLIPTextConfig:
-    """Text tower: causal Transformer over BPE tokens, pooled at the end-of-text token."""
+    """Text tower: causal Transformer over BPE tokens, pooled at the end-of-text token; or
+    (``hf_encoder`` / ``hf_model_name`` set) a Hugging Face text encoder, pooled and
+    projected as open_clip's ``HFTextEncoder`` (:mod:`attn_clip.hf_text`)."""
 
     context_length: int = 77  # maximum tokens (learned positions)
     vocab_size: int = 49408  # token embedding rows
@@ -250,8 +252,22 @@ class CLIPTextConfig:
     # weights were trained (open_clip's "legacy" mask, shifted by one position)
     embed_cls: bool = False
     pad_id: int = 0
+    # a Hugging Face text tower instead (open_clip's HFTextEncoder; attn_clip.hf_text): the
+    # model open_clip names (text_cfg.hf_model_name), its architecture as attn_nlp's encoder
+    # config ({"model_type": "attn_nlp.roberta", ...}: resolved from hf_model_name when not
+    # given, so a saved config needs no network), the pooler and the projection. Of the
+    # fields above only context_length (the tokenizer's) and the tokenizer's own apply;
+    # width and vocab_size are set to the encoder's
+    hf_model_name: str | None = None
+    hf_encoder: dict[str, Any] | None = None
+    # "mean_pooler", "cls_pooler", "cls_last_hidden_state_pooler"; None = the family's default
+    hf_pooler_type: str | None = "mean_pooler"
+    hf_proj_type: str | None = "mlp"  # "mlp", "linear" or None (no projection)
 
     def __post_init__(self) -> None:
+        if self.hf_model_name is not None or self.hf_encoder is not None:
+            self._check_hf()
+            return
         if self.embed_cls and not self.causal:
             raise ValueError("embed_cls=True (CoCa) needs a causal text tower")
         if self.pool_type not in ("argmax", "eos", "first", "last"):
@@ -266,6 +282,37 @@ class CLIPTextConfig:
             raise ValueError(f"text width ({self.width}) must be divisible by heads ({self.heads})")
         if self.token_dim is not None and self.token_dim < 1:
             raise ValueError(f"text token_dim must be None or >= 1, got {self.token_dim}")
+
+    @property
+    def tower(self) -> str:
+        """``"hf"`` (a Hugging Face text tower: ``hf_encoder``) or ``"transformer"``."""
+        return "hf" if self.hf_encoder is not None else "transformer"
+
+    def _check_hf(self) -> None:
+        """A Hugging Face tower: the encoder config resolved and completed, the pooler and
+        projection checked, width and vocab_size set to the encoder's."""
+        from . import hf_text
+
+        if self.embed_cls:
+            raise ValueError("embed_cls=True (CoCa's text tower) is not a Hugging Face tower's")
+        if self.hf_proj_type not in hf_text.PROJ_TYPES:
+            raise ValueError(
+                f"hf_proj_type must be one of {hf_text.PROJ_TYPES}, got {self.hf_proj_type!r}"
+            )
+        if self.hf_encoder is None:
+            self.hf_encoder = hf_text.encoder_from_hf_name(
+                self.hf_model_name, self.hf_pooler_type or "mean_pooler"
+            )
+        kind = self.hf_encoder.get("model_type")
+        enc = hf_text.encoder_config(self.hf_encoder)  # ValueError on unknown kinds / fields
+        if self.hf_pooler_type is None:
+            self.hf_pooler_type = hf_text.DEFAULT_POOLERS[kind]
+        hf_text.check_pooler(self.hf_pooler_type)
+        self.hf_encoder = hf_text.with_pooler_layer(
+            hf_text.encoder_dict(enc, kind), self.hf_pooler_type
+        )
+        self.width = hf_text.encoder_width(enc)
+        self.vocab_size = hf_text.encoder_vocab_size(enc)
 
 
 @dataclass
