@@ -40,12 +40,12 @@ VOCAB, L = 1000, 12
 # the tiny config.json of each family: the published one with these sizes
 SHRINK = {
     "roberta": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                    intermediate_size=128, max_position_embeddings=40),
+                    intermediate_size=128, max_position_embeddings=80),
     "mt5": dict(d_model=64, d_kv=16, num_heads=4, d_ff=96, num_layers=2, num_decoder_layers=1),
     "m2m_100": dict(d_model=64, encoder_layers=2, num_hidden_layers=2, decoder_layers=1,
                     encoder_attention_heads=4,
                     decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
-                    max_position_embeddings=40),
+                    max_position_embeddings=80),
 }  # fmt: skip
 SHRINK["xlm-roberta"] = SHRINK["roberta"]
 
@@ -202,6 +202,58 @@ def test_open_clip_hf_text_clip(built, case):
     assert back.config == ours.config
     for k, v in ours.state_dict().items():
         assert torch.equal(back.state_dict()[k], v), k
+
+
+def test_folder_with_its_tokenizer_end_to_end(built):
+    """A model folder with its tokenizer files (a byte-level BPE, RoBERTa's kind):
+    ``create_model_and_transforms`` gives the tokenizer open_clip's ``get_tokenizer`` would,
+    and captions in any language embed as open_clip embeds its own tokenization."""
+    import warnings
+
+    from attn_clip import create_model_and_transforms
+    from open_clip.tokenizer import HFTokenizer as OpenClipHFTokenizer
+    from tokenizers import ByteLevelBPETokenizer
+
+    b = built("roberta-ViT-B-32")
+    folder = _folder(b, "open_clip_model.safetensors")
+    corpus = ["a photo of a dog", "ein Foto eines Hundes", "一只狗的照片", "صورة كلب"]
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(corpus * 5, vocab_size=400, min_frequency=1, show_progress=False,
+                            special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])  # fmt: skip
+    bpe.save_model(str(folder))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "RobertaTokenizer"})
+    )
+    texts = ["a photo of a dog", "Ein Foto eines Hundes!", "一只狗的照片", "", "dog " * 100]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want_tokens = OpenClipHFTokenizer(str(folder), context_length=77)(texts)
+    model, _, tokenizer = create_model_and_transforms(str(folder))
+    tokens = tokenizer(texts)
+    assert torch.equal(tokens, want_tokens)
+    assert (tokens == model.text.pad_id).any()  # padded, at the tower's pad id
+    with torch.no_grad():
+        assert_close(model.encode_text(tokens), b["ref"].encode_text(want_tokens), **TOL)
+
+
+def test_pretrained_tag_from_the_hub_cache(built, tmp_path, fake_hub_cache):
+    """``create_model(name, tag)`` reads the tag's repo (here a fake hub cache, offline);
+    roberta-ViT-B-32's config says QuickGELU while its tag keeps the registry's default
+    flag: the weights were trained as the config says, as open_clip builds them."""
+    b = built("roberta-ViT-B-32")
+    folder = _folder(b, "open_clip_model.safetensors")
+    files = {"open_clip_model.safetensors": (folder / "open_clip_model.safetensors").read_bytes()}
+    fake_hub_cache(tmp_path / "hub", "laion/CLIP-ViT-B-32-roberta-base-laion2B-s12B-b32k", files)
+    small = create_model(str(folder)).config
+    vision = {k: getattr(small.vision, k) for k in ("layers", "width", "head_width", "image_size")}
+    model = create_model("roberta-ViT-B-32", "laion2b_s12b_b32k", cache_dir=tmp_path / "hub",
+                         local_files_only=True, vision=vision,
+                         text={"hf_encoder": small.text.hf_encoder})  # fmt: skip
+    assert model.config.quick_gelu and b["cfg"]["quick_gelu"]
+    images, tokens = _inputs(b)
+    with torch.no_grad():
+        assert_close(model.encode_image(images), b["ref"].encode_image(images), **TOL)
+        assert_close(model.encode_text(tokens), b["ref"].encode_text(tokens), **TOL)
 
 
 class _Payload:

@@ -20,7 +20,8 @@ overrides (``embed_dim=``, ``vision={"image_size": 336}``, ``text={...}``) apply
 architecture before weights are loaded. The model is returned in eval mode.
 
 What the weights were trained with wins over the name's defaults: the tag's QuickGELU
-flag (``ViT-B-32`` + ``openai`` builds QuickGELU, where open_clip only warns), the
+flag (``ViT-B-32`` + ``openai`` builds QuickGELU, where open_clip only warns; a config that
+says QuickGELU keeps it under a tag that does not, as open_clip builds it), the
 checkpoint's own config, and its preprocessing. An explicit ``quick_gelu=`` that
 contradicts the weights raises, and so does any tensor that does not fit the config.
 """
@@ -339,6 +340,9 @@ def create_model(
             source = get_pretrained_cfg(model_name, clean_tag(pretrained))
             ckpt = read_checkpoint(resolve_source(source, **hub_kwargs))
             preprocess, tag_quick_gelu = source.preprocess, source.quick_gelu
+            # a config that says QuickGELU was trained with it, whatever the tag's default
+            # flag says (roberta-ViT-B-32:laion2b_s12b_b32k: open_clip builds QuickGELU)
+            tag_quick_gelu = tag_quick_gelu or config.quick_gelu
         elif os.path.exists(pretrained):
             ckpt = read_checkpoint(pretrained)
         else:

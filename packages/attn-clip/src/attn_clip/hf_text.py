@@ -191,8 +191,6 @@ class HFTextTower(nn.Module):
     ``proj`` (``nn.Linear``, ``nn.Sequential(Linear, GELU, Linear)`` or None).
     """
 
-    fast_inference = False  # no separate inference path: the encoder's forward is the one
-
     def __init__(self, config: Any, embed_dim: int, weight_init: bool = True) -> None:
         """``weight_init`` is accepted for the tower interface; the encoder initialises
         itself (as transformers' ``from_config``) and the projection as ``nn.Linear``."""
