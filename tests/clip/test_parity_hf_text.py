@@ -408,3 +408,13 @@ def test_refused_by_name(tmp_path):
         CLIPConfig.from_dict({**(d := CLIPConfig.from_open_clip(base).to_dict()),
                               "text": {**d["text"], "hf_encoder": {**d["text"]["hf_encoder"],
                                                                   "rotary": True}}})  # fmt: skip
+
+
+def test_overriding_hf_model_name_rebuilds_its_architecture():
+    from attn_clip import get_model_config
+    from attn_clip.factory import _with_overrides
+
+    base = get_model_config("xlm-roberta-base-ViT-B-32")
+    large = _with_overrides(base, {"text": {"hf_model_name": "xlm-roberta-large"}})
+    assert large.text.width == 1024 and large.text.hf_encoder["depth"] == 24
+    assert base.text.width == 768

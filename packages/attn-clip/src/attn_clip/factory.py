@@ -239,6 +239,8 @@ def _with_overrides(config: CLIPConfig, overrides: dict[str, Any]) -> CLIPConfig
             for name, value in fields_.items():  # dict fields merge: convnext={"depths": ...}
                 if isinstance(value, Mapping) and isinstance(getattr(tower, name), dict):
                     fields_[name] = {**getattr(tower, name), **value}
+            if key == "text" and "hf_model_name" in fields_ and "hf_encoder" not in fields_:
+                fields_["hf_encoder"] = None  # another Hugging Face model: its architecture
             overrides = {**overrides, key: replace(tower, **fields_)}
     return replace(config, **overrides)
 
@@ -392,7 +394,10 @@ def save_pretrained(model: CLIP, directory: str | os.PathLike) -> Path:
     """Save in open_clip's folder layout (``open_clip_config.json`` + safetensors).
 
     Both ``attn_clip.create_model(<dir>)`` and open_clip's ``create_model("local-dir:<dir>")``
-    load it. Each file is written atomically with the usual permissions.
+    load it (a Hugging Face text tower's config also holds its encoder's architecture,
+    attn_clip's ``text_cfg.hf_encoder``, so that it loads with no network; open_clip refuses
+    that key: without it, open_clip resolves ``hf_model_name`` itself). Each file is written
+    atomically with the usual permissions.
     """
     directory = Path(directory)
     save_weights(model, directory / DIR_WEIGHTS[0])

@@ -39,7 +39,6 @@ Checkpoint keys: open_clip's ``text.transformer.<the bare HF encoder's keys>`` a
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Callable, Mapping
 from functools import partial
@@ -105,7 +104,7 @@ def _read_hf_config(name: str) -> dict[str, Any] | None:
     """``name``'s ``config.json``: a local folder's (as ``AutoConfig.from_pretrained``
     reads it), else the published one attn_nlp ships; None when neither has it."""
     path = Path(name).expanduser() / "config.json"
-    if os.path.isdir(Path(name).expanduser()) and path.is_file():
+    if path.is_file():
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
@@ -151,20 +150,6 @@ def with_pooler_layer(d: Mapping[str, Any], pooler_type: str) -> dict[str, Any]:
     return d
 
 
-def encoder_width(config: Any) -> int:
-    """``D``: the width of the encoder's hidden states."""
-    return int(config.embed_dim)
-
-
-def encoder_pad_id(config: Any) -> int:
-    """The padding id whose keys the tower masks (the HF config's ``pad_token_id``)."""
-    return int(config.pad_id)
-
-
-def encoder_vocab_size(config: Any) -> int:
-    return int(config.vocab_size)
-
-
 # -- the tower -----------------------------------------------------------------------------
 
 
@@ -201,7 +186,7 @@ class HFTextTower(nn.Module):
         self.context_length = config.context_length
         enc_cfg = encoder_config(config.hf_encoder)
         self.encoder = _module(config.hf_encoder["model_type"]).Encoder(enc_cfg)
-        self.pad_id = encoder_pad_id(enc_cfg)
+        self.pad_id = enc_cfg.pad_id  # the HF config's pad_token_id: these keys are masked
         self.pooler_type = config.hf_pooler_type
         self.uses_pooler_layer = getattr(self.encoder, "pooler", None) is not None
         D, E = self.encoder.width, embed_dim

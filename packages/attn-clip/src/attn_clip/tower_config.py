@@ -295,6 +295,8 @@ class CLIPTextConfig:
 
         if self.embed_cls:
             raise ValueError("embed_cls=True (CoCa's text tower) is not a Hugging Face tower's")
+        if self.act not in ACTS:  # (the quick_gelu flag of open_clip's config, kept)
+            raise ValueError(f"text act must be one of {ACTS}, got {self.act!r}")
         if self.hf_proj_type not in hf_text.PROJ_TYPES:
             raise ValueError(
                 f"hf_proj_type must be one of {hf_text.PROJ_TYPES}, got {self.hf_proj_type!r}"
@@ -311,8 +313,7 @@ class CLIPTextConfig:
         self.hf_encoder = hf_text.with_pooler_layer(
             hf_text.encoder_dict(enc, kind), self.hf_pooler_type
         )
-        self.width = hf_text.encoder_width(enc)
-        self.vocab_size = hf_text.encoder_vocab_size(enc)
+        self.width, self.vocab_size = enc.embed_dim, enc.vocab_size
 
 
 @dataclass
