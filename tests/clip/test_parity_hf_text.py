@@ -69,6 +69,16 @@ VARIANTS = {
 }  # fmt: skip
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """One intra-op thread: these models are tiny, and on a busy 2-core machine two threads
+    spend ~5x the time waiting on each other (pytest -n gives each worker one anyway)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _tiny_hf_folder(hf_model_name: str, folder: Path) -> int:
     """The published config.json of ``hf_model_name`` shrunk (SHRINK), saved by
     transformers' config class into ``folder``; returns its pad id."""
