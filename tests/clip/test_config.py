@@ -33,12 +33,10 @@ def test_fields_from_open_clip():
     ("name", "offending"),
     [
         ("coca_roberta-ViT-B-32", "text_cfg.hf_model_name"),
-        ("nllb-clip-base-siglip", "hf_model_name"),
         ("EVA02-E-14", "timm_model_name='eva02_enormous_patch14_clip_224' .*use_post_norm=True"),
         ("MobileCLIP-S1", "timm_model_name='fastvit_mci1' .not an attn_vision ViT, Eva, ViTamin"),
         ("PE-Core-B-16", "timm_model_name"),
         ("vit_medium_patch16_gap_256", "qkv_bias=False.*timm_proj='linear'"),
-        ("roberta-ViT-B-32", "hf_model_name"),
     ],
 )
 def test_unsupported_open_clip_features_are_named(name, offending):

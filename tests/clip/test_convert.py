@@ -249,6 +249,8 @@ def test_open_clip_meta_layout_matches_every_listed_model(monkeypatch):
     seen, checked = set(), []
     for name in [n for n in list_models() if n in open_clip.list_models()]:
         oc_cfg = open_clip.get_model_config(name)
+        if oc_cfg["text_cfg"].get("hf_model_name"):  # open_clip's AutoConfig needs the hub:
+            continue  # tests/clip/test_parity_hf_text.py builds these text towers on meta
         oc_cfg.pop("quick_gelu", None)  # the activation does not change the tensors
         if (key := repr(sorted(oc_cfg.items()))) in seen:
             continue

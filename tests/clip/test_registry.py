@@ -46,21 +46,24 @@ def test_list_models_has_the_clips_attn_clip_builds_and_only_them():
     assert names - set(registry.BUNDLED_MODELS) <= set(open_clip.list_models())
     required |= {"coca_ViT-B-32", "coca_ViT-L-14", "coca_base"}
     assert required <= names
-    excluded = ("coca_roberta-ViT-B-32", "nllb-clip-base-siglip", "EVA02-E-14", "PE-Core-B-16")
+    required |= {"xlm-roberta-base-ViT-B-32", "nllb-clip-base-siglip", "mt5-xl-ViT-H-14"}
+    assert required <= names
+    excluded = ("coca_roberta-ViT-B-32", "EVA02-E-14", "PE-Core-B-16")
     for name in excluded:
         assert name not in names
 
 
 def test_every_siglip_config_and_tag_with_a_timm_vit_tower():
-    """All of open_clip's SigLIP / SigLIP2 configs whose towers are a timm ViT + the SigLIP
-    text tower (26 configs, 26 tags; the NLLB ones have a Hugging Face text tower)."""
+    """All of open_clip's SigLIP / SigLIP2 configs: a timm ViT + the SigLIP text tower
+    (26 configs, 26 tags), or + a Hugging Face text tower (the 2 NLLB ones, 4 tags)."""
     siglip = {n for n in open_clip.list_models() if "siglip" in n.lower()}
     hf_text = {n for n in siglip if open_clip.get_model_config(n)["text_cfg"].get("hf_model_name")}
     assert hf_text == {"nllb-clip-base-siglip", "nllb-clip-large-siglip"}
     built = siglip & set(list_models())
-    assert built == siglip - hf_text and len(built) == 26
-    tags = [(n, t) for n, t in list_pretrained() if n in built]
+    assert built == siglip and len(built) == 28
+    tags = [(n, t) for n, t in list_pretrained() if n in built - hf_text]
     assert len(tags) == 26 and all(t == "webli" for _, t in tags)
+    assert sorted(t for n, t in list_pretrained() if n in hf_text) == ["mrl", "mrl", "v1", "v1"]
     src = get_pretrained_cfg("ViT-SO400M-14-SigLIP-384", "webli")
     assert src.hf_hub_id == "timm/ViT-SO400M-14-SigLIP-384"
     pre = src.preprocess
@@ -128,7 +131,9 @@ def test_coverage_counts_what_is_listed(capsys):
         f"{n_tags} of {len(oc_pretrained.list_pretrained())} pretrained tags"
     )
     assert line in out, out
-    assert "SigLIP / SigLIP2: 26 of 28 configs, 26 of 30 tags" in out
+    assert "SigLIP / SigLIP2: 28 of 28 configs, 30 of 30 tags" in out
+    hf_line = "Hugging Face text towers (XLM-R, RoBERTa, NLLB, mT5): 9 of 10 configs, 9 of 9 tags"
+    assert hf_line in out
     assert "ConvNeXt: 11 of 11 configs, 12 of 12 tags" in out
     assert "OpenAI ResNet (RN*): 10 of 10 configs, 16 of 16 tags" in out
     assert "EVA-CLIP (EVA01 / EVA02): 5 of 7 configs, 5 of 7 tags" in out
