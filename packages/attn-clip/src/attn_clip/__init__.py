@@ -57,6 +57,7 @@ _EXPORTS = {
         "list_pretrained",
         "list_pretrained_tags",
     ],
+    "hf_text": ["HFTextTower"],
     "retrieval": [
         "EmbeddingIndex",
         "IndexBusyError",
@@ -138,6 +139,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
         save_weights,
     )
     from .finetune import add_logit_bias, wise_ft
+    from .hf_text import HFTextTower
     from .init import init_image_trunk_from, init_vision_like_open_clip
     from .loss import ClipLoss, CoCaLoss, SigLipLoss, create_loss
     from .model import CLIP, CLIPOutput
