@@ -51,6 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--pretrained", default=None, help="a tag (openai, ...) or a checkpoint file")
     g.add_argument("--init-image-from", metavar="MODEL", help="ViT trunk from: folder, demo-shapes")
     g.add_argument("--lock-image", action="store_true", help="freeze the image tower (LiT)")
+    g.add_argument(
+        "--lock-image-trunk",
+        action="store_true",
+        help="freeze the image tower's trunk only (its pooler and projection train)",
+    )
     g.add_argument("--wise-ft-alpha", type=float, help="also write wise_ft/: WiSE-FT weights")
     g.add_argument("--grad-checkpointing", action="store_true", help="recompute activations")
     g.add_argument(
@@ -122,6 +127,13 @@ def build_model(args: argparse.Namespace) -> attn_clip.CLIP:
     return model.train()
 
 
+def frozen_trunk(model: attn_clip.CLIP, args: argparse.Namespace) -> torch.nn.Module | None:
+    """``--lock-image-trunk``: the image tower's trunk (the ViT / ResNet before its pooler),
+    frozen (the caller keeps it in eval mode); the attentional pooler / projection still
+    train. None without the flag."""
+    return model.visual.trunk.requires_grad_(False) if args.lock_image_trunk else None
+
+
 def train(args: argparse.Namespace) -> dict[str, Any]:
     check_inputs(args)
     run = at.start_run(args)  # checks the run flags; writes nothing yet
@@ -132,6 +144,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     if args.caption_input_noise > 0 and not model.config.is_coca:
         raise ValueError("--caption-input-noise is for CoCa models (it noises the decoder's input)")
     model.visual.requires_grad_(not args.lock_image)
+    trunk = frozen_trunk(model, args)
     model.set_grad_checkpointing(args.grad_checkpointing)
     ema = at.make_ema(model, args.ema_decay)
     tokenizer = attn_clip.get_tokenizer(model.config)
@@ -178,6 +191,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     def train_mode(m: torch.nn.Module) -> None:  # m: model, or its DDP wrapper
         m.train()
         model.visual.train(not args.lock_image)
+        if trunk is not None:
+            trunk.eval()
 
     def after_update() -> dict[str, float]:
         model.clamp_logit_scale_()
@@ -194,6 +209,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             "loss": "coca" if model.config.is_coca else args.loss,
             "init_image_from": args.init_image_from,
             "caption_input_noise": args.caption_input_noise,
+            "lock_image_trunk": args.lock_image_trunk,
         },
     )
     has_eval = bool(zs_sets) or val is not None

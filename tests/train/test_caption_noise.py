@@ -3,7 +3,9 @@
 replaced, and only by words of the batch; the decoder reads the noised captions while the
 labels and the contrastive embeddings stay clean; without noise the step is open_clip's loss
 bit for bit and draws no random number; an accumulated update's two passes see the same
-noise; a noised run resumes to the same weights; the flag is refused where it does not apply."""
+noise; a noised run resumes to the same weights; the flag is refused where it does not apply.
+And ``--lock-image-trunk`` (the other demo-shapes-coca recipe flag): the trunk stays, the
+attentional pooler trains."""
 
 from __future__ import annotations
 
@@ -236,3 +238,22 @@ def test_a_noised_run_logs_its_rate_and_resumes_to_the_same_weights(tc, data, tm
 def test_the_flag_is_refused_where_it_does_not_apply(tc, data, tmp_path, capsys, argv, match):
     argv = ["--train-data", str(data / "train.csv"), *argv, *RUN]
     assert_bad_input(tc, argv, tmp_path / "run", match, capsys)
+
+
+def test_lock_image_trunk_freezes_the_trunk_and_trains_the_pooler(tc, data, tmp_path):
+    """--lock-image-trunk: two updates leave the image tower's trunk as it started (the
+    run's initial weights: --wise-ft-alpha keeps them) and train its attentional pooler."""
+    from _support.scripts import weights
+
+    out = tmp_path / "run"
+    argv = coca_argv(data, "--max-steps", "2", "--lock-image-trunk", "--wise-ft-alpha", "0")
+    tc.main([*argv, "--out", str(out)])
+    start, end = weights(out, "wise_ft_init.safetensors"), weights(out / "last")
+    trunk = [k for k in start if k.startswith("visual.trunk.")]
+    pool = [k for k in start if k.startswith("visual.attn_pool.")]
+    assert trunk and pool
+    assert all(torch.equal(start[k], end[k]) for k in trunk)
+    assert not any(torch.equal(start[k], end[k]) for k in pool if k.endswith("weight"))
+    (record,) = events(out, "start")
+    frozen = sum(start[k].numel() for k in trunk)
+    assert record["lock_image_trunk"] and record["trainable"] == record["params"] - frozen
