@@ -137,6 +137,28 @@ class TextTransformer(nn.Module):
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         self.grad_checkpointing = enable
 
+    def lock(self, unlocked_layers: int = 0, freeze_layer_norm: bool = True) -> None:
+        """Freeze the tower as open_clip's ``lock_text_tower`` does (``--lock-text``): every
+        parameter, then the last ``unlocked_layers`` of the groups ``[embeddings, block 0,
+        ..., block n-2, [last block, ln_final], projection]`` trainable again.
+        LayerNorms are frozen with the rest (``freeze_layer_norm=False`` is refused, as in
+        open_clip)."""
+        if unlocked_layers < 0:
+            raise ValueError(f"unlocked_layers must be >= 0, got {unlocked_layers}")
+        if not freeze_layer_norm:
+            raise ValueError(
+                "freeze_layer_norm=False is not supported for this text tower: its LayerNorms "
+                "are locked like the other weights (as in open_clip)"
+            )
+        self.requires_grad_(False)
+        embeddings = [self.token_embedding, self.token_proj, self.positional_embedding]
+        groups = [[*embeddings, self.cls_emb], *([b] for b in self.blocks[:-1])]
+        groups += [[*self.blocks[-1:], self.ln_final], [self.proj]]
+        for group in groups[len(groups) - min(unlocked_layers, len(groups)) :]:
+            for part in group:
+                if part is not None:
+                    part.requires_grad_(True)
+
     def _check(self, tokens: torch.Tensor) -> None:
         if tokens.ndim != 2 or tokens.dtype not in (torch.int64, torch.int32):
             raise ValueError(
