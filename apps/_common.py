@@ -5,6 +5,7 @@ the model a user names on the command line, and table printing. The command-line
 from __future__ import annotations
 
 import os
+import sys
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,17 @@ def for_cli(message: Any) -> str:
     return one_line(message, list_option="--list-models")
 
 
+def note(message: Any) -> None:
+    """Print an informational line on stderr (as it is, one line), above any progress bar."""
+    text = " ".join(str(message).split())
+    if "tqdm" in sys.modules:  # a bar may be showing: tqdm.write keeps it intact
+        from tqdm import tqdm
+
+        tqdm.write(text, file=sys.stderr)
+    else:
+        print(text, file=sys.stderr)
+
+
 def display_width(text: str) -> int:
     """Terminal columns of ``text``: East Asian wide / full-width characters take two."""
     return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
@@ -71,6 +83,42 @@ def list_models_and_exit() -> int:
     for name in attn_clip.list_models():
         print(f"{name}: {', '.join(tags.get(name, [])) or '(no pretrained tags)'}")
     return 0
+
+
+# -- languages -----------------------------------------------------------------------------
+
+LANGUAGE_HELP = (
+    "language of the texts: an NLLB code (zho_Hans, deu_Latn, ...) or ISO 639-1 (zh, de, fr, "
+    "es, ja, ar, hi, ru, en, ...); an NLLB tokenizer reads them as that source language"
+)
+
+
+def check_language(language: str | None) -> str | None:
+    """--language as an NLLB code (None stays None); InputError naming the option."""
+    if language is None:
+        return None
+    from attn_clip.languages import language_code
+
+    try:
+        return language_code(language)
+    except InputError as e:
+        raise InputError(f"--language: {e}") from None
+
+
+def apply_language(loaded: Any, language: str | None) -> None:
+    """--language: the tokenizer of ``loaded`` (a :class:`LoadedModel`, an index's
+    ``IndexModel``) set to that source language (NLLB); for a tokenizer without languages a
+    one-line note on stderr that its ids do not change."""
+    if language is None:
+        return
+    from attn_clip.languages import tokenizer_for_language
+
+    try:
+        loaded.tokenizer, message = tokenizer_for_language(loaded.tokenizer, language)
+    except InputError as e:
+        raise InputError(f"--language: {e}") from None
+    if message:
+        note(message)
 
 
 # -- models --------------------------------------------------------------------------------

@@ -5,6 +5,7 @@
     uv run apps/retrieval.py search photos.idx --text "a dog on a beach" --top-k 5
     uv run apps/retrieval.py search photos.idx --image query.jpg --grid hits.png
     uv run apps/retrieval.py eval --csv captions.csv                    # recall@1/5/10
+    uv run apps/retrieval.py search photos.idx --text "海滩上的狗" --language zh
 
 The index is ``attn_clip.retrieval.RetrievalIndex``'s (docs/clip.md): ``INDEX.manifest.json``
 (the model, the folder, each file's size, mtime and SHA-256) and the generation of
@@ -15,6 +16,10 @@ weights that no longer give its embeddings.
 
 Scores are cosine similarities; with a SigLIP / SigLIP2 model a text query's hits also get
 ``p(match)``, SigLIP's sigmoid probability that the text describes the image (JSON: "prob").
+Texts may be in any language the model knows (the multilingual XLM-R / mT5 / NLLB CLIPs);
+``search`` and ``eval`` take --language CODE (NLLB code or ISO 639-1: zho_Hans, zh, de, ...),
+which an NLLB model's tokenizer reads the texts as (other tokenizers have no language token:
+a line on stderr says so). The index itself holds image embeddings only: no language.
 
 Bad input (unreadable index, missing query image, empty query, unknown model, weights not
 available offline, a CSV without image / caption columns) prints one line on stderr and
@@ -29,11 +34,14 @@ import os
 from pathlib import Path
 
 from _common import (  # the CLI toolkit and model loading shared by the apps
+    LANGUAGE_HELP,
     PRECISIONS,
     HelpFormatter,
     InputError,
     LoadedModel,
+    apply_language,
     check_folder,
+    check_language,
     fail,
     list_models_and_exit,
     load_model,
@@ -64,6 +72,8 @@ def open_index(base: Path, args: argparse.Namespace):
         raise InputError(f"{e}; build it with: index DIR --out") from None
     check_requested_model(args, index.record, base)
     index.model = load_recorded(args, index.record)
+    # search / eval --language: after the check (the record's probe text is tokenized as is)
+    apply_language(index.model, args.language)
     return index
 
 
@@ -154,6 +164,7 @@ def cmd_index(args: argparse.Namespace) -> int:
 def cmd_search(args: argparse.Namespace) -> int:
     if not args.text and not args.image:
         raise InputError("nothing to search for: pass --text TEXT or --image PATH")
+    check_language(args.language)
     if args.top_k < 1:
         raise InputError(f"--top-k must be >= 1, got {args.top_k}")
     for i, text in enumerate(args.text):
@@ -191,6 +202,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from attn_clip.retrieval import evaluate_captions
     from attn_vision.images import ImageError, read_captions_csv
 
+    check_language(args.language)
     pairs = read_captions_csv(args.csv, sep=args.sep, root=args.root)
     known = {}
     if args.index:
@@ -199,6 +211,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     else:
         model = index_model(load_model(args.model, args.pretrained, args.device,
                                        args.precision), args.precision)  # fmt: skip
+        apply_language(model, args.language)
     try:
         metrics = evaluate_captions(model, pairs, known, batch_size=args.batch_size,
                                     workers=args.workers)  # fmt: skip
@@ -272,11 +285,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     se.add_argument(
         "--exact", action="store_true", help="exact search even with an approximate index"
     )
+    se.add_argument("--language", metavar="CODE", help=LANGUAGE_HELP)
     ev = sub.add_parser("eval", parents=[model], help="recall@1/5/10 on a captions CSV", **fmt)
     ev.add_argument("--csv", required=True, help="columns filepath,title (or image,caption)")
     ev.add_argument("--root", help="folder the CSV's image paths are relative to")
     ev.add_argument("--sep", help="CSV separator (default: tab if the header has one, else ,)")
     ev.add_argument("--index", help="reuse this index's embeddings and model")
+    ev.add_argument("--language", metavar="CODE", help=LANGUAGE_HELP + " (the captions)")
     return p.parse_args(argv)
 
 

@@ -5,6 +5,7 @@
     uv run apps/web.py --index shapes.idx                # + search an index (with its model)
     uv run apps/web.py --model ViT-B-16 --pretrained laion2b_s34b_b88k --port 8080
     uv run apps/web.py --model coca_ViT-B-32 --pretrained mscoco_finetuned_laion2b_s13b_b90k
+    uv run apps/web.py --model nllb-clip-base --pretrained v1 --language de   # German labels
 
 Zero-shot tab: an image (upload, paste, or one of the examples), labels (comma or newline
 separated) and an optional template give a ranked bar chart of probabilities (a softmax over
@@ -15,6 +16,10 @@ the top-k images of the index with their cosine similarities. An index built wit
 model than the one loaded is not searched: the tab says so. Caption tab (with a CoCa model:
 coca_ViT-B-32, ...): an image gives its caption(s) -- greedy, beam search or sampling -- as
 apps/caption.py prints them; with another model the tab says it needs a CoCa.
+--language CODE (NLLB code or ISO 639-1: deu_Latn, de, zh, ...) is the language of the labels
+and queries typed in the page: an NLLB model's tokenizer reads them as that source language,
+and for a language other than English the labels have no template (open_clip's are English)
+unless one is typed -- the status line says so.
 
 With no --model, the model is the index's (with --index), else ViT-B-32 (openai), or the
 bundled demo-shapes when those weights cannot be had (offline). Bad input in the page (not
@@ -40,10 +45,13 @@ from _common import (  # the helpers shared by the command-line apps
     DEFAULT_MODEL,
     DEFAULT_PRETRAINED,
     DEMO_MODEL,
+    LANGUAGE_HELP,
     PRECISIONS,
     HelpFormatter,
     InputError,
     LoadedModel,
+    apply_language,
+    check_language,
     fail,
     list_models_and_exit,
     load_image_file,
@@ -93,15 +101,15 @@ def parse_labels(text: str | None) -> list[str]:
     return labels
 
 
-def parse_templates(text: str | None) -> list[str]:
+def parse_templates(text: str | None, default: list[str] | None = None) -> list[str]:
     """One template per line, each with exactly one ``{}`` for the label (repeats dropped);
-    none: the default template."""
+    none: ``default`` (the default template)."""
     templates = [t.strip() for t in (text or "").splitlines() if t.strip()]
     if len(templates) > MAX_TEMPLATES:
         raise InputError(f"too many templates: {len(templates)} (at most {MAX_TEMPLATES})")
     from attn_clip.zero_shot import check_templates
 
-    return check_templates(templates) or [DEFAULT_TEMPLATE]
+    return check_templates(templates) or list(default or [DEFAULT_TEMPLATE])
 
 
 def open_upload(path: str | os.PathLike | None, what: str = "image") -> Any:
@@ -253,11 +261,20 @@ def index_problem(idx: SearchIndex, loaded: LoadedModel, precision: str) -> str 
 
 
 class WebDemo:
-    """The model (and index) behind the page; ``classify`` and ``search`` are the tabs."""
+    """The model (and index) behind the page; ``classify`` and ``search`` are the tabs.
+    ``language``: the language of the labels (--language; None = English): the templates
+    used when none is typed (:func:`attn_clip.zero_shot.templates_for_language`). The
+    tokenizer is ``loaded``'s as it is (:func:`load_demo` sets its language)."""
 
-    def __init__(self, loaded: LoadedModel, index: SearchIndex | None = None) -> None:
+    def __init__(
+        self, loaded: LoadedModel, index: SearchIndex | None = None, language: str | None = None
+    ) -> None:
+        from attn_clip.zero_shot import templates_for_language
+
         self.loaded = loaded
         self.index = index
+        self.language = language
+        self.templates, self.template_note = templates_for_language(language)
         self._classifiers: OrderedDict[tuple, Any] = OrderedDict()
         self._lock = threading.Lock()  # the queue runs one request at a time; to be sure
 
@@ -329,7 +346,8 @@ class WebDemo:
         import torch
 
         labels = parse_labels(labels_text)
-        templates = parse_templates(template_text)
+        templates = parse_templates(template_text, self.templates)
+        typed = (template_text or "").strip() != ""
         image = open_upload(image_path)
         start = time.perf_counter()
         loaded, model = self.loaded, self.loaded.model
@@ -344,6 +362,8 @@ class WebDemo:
             pred = Prediction(
                 [labels[i] for i in order], [float(probs[i]) for i in order], self.sigmoid
             )
+            if self.template_note and not typed:
+                pred.notes.append(self.template_note)
             if len(labels) == 1 and not self.sigmoid:
                 pred.notes.append("a softmax over one label is always 100%: add labels to compare")
             if cut := self._cut_labels(labels, templates):
@@ -536,8 +556,12 @@ def build_app(demo: WebDemo):
 
     one_line = {"concurrency_id": "model", "concurrency_limit": 1}  # all events: one line
     scoring = "independent sigmoids (SigLIP-style)" if demo.sigmoid else "a softmax over the labels"
+    language = f" · language: {_md(demo.language)}" if demo.language else ""
     with gr.Blocks(title="attn-zoo CLIP demo") as app:
-        gr.Markdown(f"# attn-zoo CLIP demo\nModel: **{_md(demo.model_name)}** · scores: {scoring}")
+        gr.Markdown(
+            f"# attn-zoo CLIP demo\nModel: **{_md(demo.model_name)}** · scores: {scoring}"
+            + language
+        )
         with gr.Tab("Zero-shot classification", id="zero-shot"):
             with gr.Row():
                 with gr.Column():
@@ -553,7 +577,9 @@ def build_app(demo: WebDemo):
                         elem_id="zs-labels",
                     )
                     zs_template = gr.Textbox(
-                        placeholder=DEFAULT_TEMPLATE,
+                        placeholder="(none: each label as it is)"
+                        if demo.template_note
+                        else DEFAULT_TEMPLATE,
                         label="Template, with {} for the label (optional; one per line)",
                         elem_id="zs-template",
                     )
@@ -681,14 +707,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=7860, help="port to listen on")
     p.add_argument("--device", help="cpu, cuda, cuda:1, mps (default: cuda if available)")
     p.add_argument("--precision", choices=PRECISIONS, default="fp32", help="weight precision")
+    p.add_argument("--language", metavar="CODE", help=LANGUAGE_HELP + " (default: English)")
     p.add_argument(
         "--list-models", action="store_true", help="list every model name and its tags, then exit"
     )
     return p.parse_args(argv)
 
 
-def load_demo(args: argparse.Namespace) -> WebDemo:
-    """The model and index the command line names; InputError on any bad input."""
+def load_demo(args: argparse.Namespace, language: str | None = None) -> WebDemo:
+    """The model and index the command line names, for texts in ``language`` (--language);
+    InputError on any bad input."""
+    check_language(language)
     if not 1 <= args.port <= 65535:
         raise InputError(f"--port must be between 1 and 65535, got {args.port}")
     _gradio()  # fail fast, before loading a model
@@ -713,7 +742,10 @@ def load_demo(args: argparse.Namespace) -> WebDemo:
         idx.problem = index_problem(idx, loaded, args.precision)
         if idx.problem:
             warn(f"search disabled: {idx.problem}")
-    return WebDemo(loaded, idx)
+    apply_language(loaded, language)  # after the index's check (its probe text is as is)
+    if idx is not None and not idx.problem:
+        idx.index.model.tokenizer = loaded.tokenizer  # text queries in that language too
+    return WebDemo(loaded, idx, language)
 
 
 def serve(app, host: str, port: int, what: str) -> None:
@@ -749,7 +781,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.list_models:
         return list_models_and_exit()
     try:
-        demo = load_demo(args)
+        demo = load_demo(args, args.language)
         serve(build_app(demo), args.host, args.port, demo.model_name)
     except InputError as e:
         return fail(str(e))

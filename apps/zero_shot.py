@@ -5,10 +5,16 @@ r"""Zero-shot image classification with CLIP: rank your labels for each image.
         --labels "red circle" "blue square" "green star"          # offline, bundled model
     uv run apps/zero_shot.py --images photos/ --imagenet --top-k 3 --json
     uv run apps/zero_shot.py --image cat.jpg --labels cat dog --explain cat_heatmap.png
+    uv run apps/zero_shot.py --model xlm-roberta-base-ViT-B-32 --pretrained laion5b_s13b_b90k \
+        --image cat.jpg --labels 猫 狗 汽车 --language zh                  # labels in Chinese
 
 Each label becomes a prompt through the templates (default ``"a photo of a {}."``; with
 --imagenet OpenAI's 80 ImageNet templates); a label's text embedding is the normalized mean
-over its prompts. Probabilities are a softmax over the labels of
+over its prompts. --language CODE (an NLLB code such as zho_Hans / deu_Latn, or ISO 639-1
+zh / de / fr / ...) says what language the labels are in: an NLLB model's tokenizer reads
+them as that source language, and for any language but English there are no templates
+(open_clip has English ones only): each label is used as it is, and a line on stderr says so
+(--template still wins). Probabilities are a softmax over the labels of
 ``exp(logit_scale) * cosine``; for SigLIP / SigLIP2 (models with a ``logit_bias``) each
 label's own sigmoid ``p(match)`` of ``exp(logit_scale) * cosine + logit_bias``, which need
 not sum to 1 (JSON: the same numbers under "prob").
@@ -34,11 +40,15 @@ from _common import (  # the model helpers shared with apps/retrieval.py
     DEFAULT_MODEL,
     DEFAULT_PRETRAINED,
     DEMO_MODEL,
+    LANGUAGE_HELP,
     PRECISIONS,
     LoadedModel,
+    apply_language,
+    check_language,
     display_width,
     list_models_and_exit,
     load_model,
+    note,
     pad,
 )
 from attn_core.cli import fail, make_parser, run, warn
@@ -76,16 +86,34 @@ def read_labels(args: argparse.Namespace) -> list[str]:
     return list(dict.fromkeys(label.strip() for label in labels))  # drop repeats, keep order
 
 
-def read_templates(args: argparse.Namespace) -> list:
+def choose_templates(args: argparse.Namespace) -> tuple[list, str | None]:
+    """``(templates, note)``: --template as given, else the library's for --language (English:
+    the default or, with --imagenet, OpenAI's 80; another language: the label alone, and a
+    note saying so)."""
+    from attn_clip.zero_shot import check_templates, templates_for_language
+
     if args.template:
-        from attn_clip.zero_shot import check_templates
+        return check_templates(args.template, "--template"), None
+    return templates_for_language(args.language, args.imagenet)
 
-        return check_templates(args.template, "--template")
-    if args.imagenet:
-        import attn_clip
 
-        return list(attn_clip.OPENAI_IMAGENET_TEMPLATES)
-    return [DEFAULT_TEMPLATE]
+def read_templates(args: argparse.Namespace) -> list:
+    return choose_templates(args)[0]
+
+
+def language_record(args: argparse.Namespace, loaded: LoadedModel, note: str | None) -> dict:
+    """--json with --language: what the language changed (the NLLB code, the tokenizer's
+    source language or None, the templates: "given", "english" or "none", the note)."""
+    from attn_clip.languages import has_source_languages, is_english
+
+    tokenizer = loaded.tokenizer
+    templates = "given" if args.template else "english" if is_english(args.language) else "none"
+    return {
+        "code": check_language(args.language),
+        "tokenizer_language": tokenizer.language if has_source_languages(tokenizer) else None,
+        "templates": templates,
+        "note": note,
+    }
 
 
 def _template_text(t) -> str:
@@ -93,17 +121,17 @@ def _template_text(t) -> str:
 
 
 def _cache_path(loaded: LoadedModel, labels: list[str], templates: list) -> Path:
-    """Where a large classifier is cached: keyed by the text tower's weights and prompts."""
+    """Where a large classifier is cached: keyed by the text tower's weights (its last
+    parameters: the final block, norm and projection of any tower), the tokenizer's source
+    language and the prompts."""
     import torch
 
     h = hashlib.sha256()
-    text = loaded.model.text
-    fingerprint = [text.positional_embedding, text.ln_final.weight, text.ln_final.bias]
-    fingerprint += [p for p in text.blocks[-1].parameters()]
-    fingerprint += [text.proj.weight] if text.proj is not None else []
-    for t in fingerprint:
+    params = list(loaded.model.text.parameters())
+    for t in params[-8:]:
         h.update(t.detach().to("cpu", torch.float32).numpy().tobytes())
-    h.update(str(next(text.parameters()).dtype).encode())
+    h.update(str(params[0].dtype).encode())
+    h.update(str(getattr(loaded.tokenizer, "language", None)).encode())
     h.update(json.dumps([labels, [_template_text(t) for t in templates]]).encode())
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return base / "attn-zoo" / "zero-shot-heads" / f"{h.hexdigest()[:24]}.safetensors"
@@ -159,8 +187,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--template",
         action="append",
         metavar="T",
-        help=f'prompt template with {{}} for the label, repeatable (default "{DEFAULT_TEMPLATE}")',
+        help=f'prompt template with {{}} for the label, repeatable (default "{DEFAULT_TEMPLATE}"; '
+        "with a --language other than English: the label alone)",
     )
+    lab.add_argument("--language", metavar="CODE", help=LANGUAGE_HELP + " (default: English)")
     out = p.add_argument_group("output")
     out.add_argument("--top-k", type=int, default=5, help="labels shown per image")
     out.add_argument("--json", action="store_true", help="one JSON object per image (JSON lines)")
@@ -255,8 +285,9 @@ def main(argv: list[str] | None = None) -> int:
         return list_models_and_exit()
     try:
         _check_args(args)
+        check_language(args.language)
         labels = read_labels(args)
-        templates = read_templates(args)
+        templates, template_note = choose_templates(args)
         # Named images must all be good before any work starts; folders skip bad files.
         named = [Path(p) for p in args.image]
         for p in named:
@@ -274,11 +305,15 @@ def main(argv: list[str] | None = None) -> int:
             if not many and not target.is_dir():
                 raise InputError(f"--explain: folder {target} does not exist")
         loaded = load_model(args.model, args.pretrained, args.device, args.precision)
+        apply_language(loaded, args.language)  # (a note when the tokenizer has no languages)
         tower = loaded.model.config.vision.tower
         if args.explain and tower != "vit":
             raise InputError(f"--explain needs a ViT image tower; {args.model} has a {tower}")
     except InputError as e:
         return fail(str(e))
+    if template_note:
+        note(template_note)
+    lang = language_record(args, loaded, template_note) if args.language else None
     if not args.imagenet:  # the ImageNet class names all fit
         warn_truncated(loaded, labels, templates)
 
@@ -347,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
                 }
                 if heat_path is not None:
                     record["explain"] = str(heat_path)
+                if lang is not None:
+                    record["language"] = lang
                 print(json.dumps(record, ensure_ascii=False), flush=True)
             else:
                 bar.clear()

@@ -2,7 +2,8 @@
 AutoTokenizer) for every Hugging Face tokenizer family the CLIP text towers use.
 
 Each family is a tiny tokenizer trained here (sentencepiece unigram / BPE models, a byte-level
-BPE and a WordPiece vocabulary trained with ``tokenizers``), loaded by transformers from the
+BPE and a WordPiece vocabulary trained with ``tokenizers``; the corpus and the sentencepiece,
+XLM-R and NLLB builders are tests/_support/multilingual.py's), loaded by transformers from the
 files a hub repo ships and saved back with ``save_pretrained``: the hub's layout (e.g. mT5's
 ``spiece.model`` alone, XLM-R's ``tokenizer.json`` + ``config.json`` without a
 tokenizer_config) and transformers' own (``tokenizer.json`` + ``tokenizer_config.json``).
@@ -10,7 +11,6 @@ tokenizer_config) and transformers' own (``tokenizer.json`` + ``tokenizer_config
 
 from __future__ import annotations
 
-import io
 import json
 import pickle
 import random
@@ -25,6 +25,13 @@ import torch
 spm = pytest.importorskip("sentencepiece")
 transformers = pytest.importorskip("transformers")
 
+from _support.multilingual import (  # noqa: E402
+    CORPUS,
+    nllb_tokenizer,
+    train_spm,
+    write_files,
+    xlmr_tokenizer,
+)
 from attn_clip import HFTokenizer, get_tokenizer  # noqa: E402
 from attn_clip.spm import read_model  # noqa: E402
 from attn_clip.tokenizer import HF_VOCAB_FILES  # noqa: E402
@@ -32,15 +39,6 @@ from attn_core.hub import WeightsUnavailableError  # noqa: E402
 from open_clip.tokenizer import HFTokenizer as OpenClipHFTokenizer  # noqa: E402
 from open_clip.tokenizer import get_clean_fn  # noqa: E402
 
-CORPUS = [
-    "a photo of a dog", "a cat sitting on a mat", "the quick brown fox jumps over the lazy dog",
-    "ein Foto eines Hundes", "Straße und Größe über alles", "Die Katze schläft auf dem Sofa",
-    "一只狗的照片", "猫坐在垫子上", "我们喜欢学习中文",
-    "صورة كلب", "القط يجلس على السجادة", "مرحبا بالعالم",
-    "एक कुत्ते की तस्वीर", "बिल्ली चटाई पर बैठी है", "नमस्ते दुनिया",
-    "une photo d'un chien", "le chat est assis", "naïve café résumé",
-    "фотография собаки", "кошка сидит на коврике", "🙂 emoji 👍 party 🎉", "numbers 123 4567 3.14",
-]  # fmt: skip
 SAMPLE = [
     "a photo of a dog",
     "一只狗的照片 猫坐在垫子上",  # Chinese
@@ -69,28 +67,6 @@ def _fuzz(n: int, seed: int = 0) -> list[str]:
 
 TEXTS = SAMPLE + _fuzz(150)
 CLEANED = [get_clean_fn("whitespace")(t) for t in TEXTS]  # open_clip's cleaning
-
-
-def _train_spm(model_type: str, vocab_size: int, **ids) -> bytes:
-    out = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(CORPUS * 10),
-        model_writer=out,
-        vocab_size=vocab_size,
-        hard_vocab_limit=False,
-        model_type=model_type,
-        character_coverage=0.98,
-        minloglevel=2,
-        **ids,
-    )
-    return out.getvalue()
-
-
-def _write(folder: Path, files: dict[str, bytes | dict]) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, data in files.items():
-        (folder / name).write_bytes(data if isinstance(data, bytes) else json.dumps(data).encode())
-    return folder
 
 
 def _auto(folder: Path, **kwargs):
@@ -122,16 +98,10 @@ def folders(tmp_path_factory) -> dict[str, Path]:
     out: dict[str, Path] = {}
     # XLM-R (xlm-roberta-base): a unigram model with fairseq's ids (<unk> 0, <s> 1, </s> 2);
     # the hub repo has sentencepiece.bpe.model, tokenizer.json and config.json, no tokenizer_config
-    xlmr = _train_spm("unigram", 300, unk_id=0, bos_id=1, eos_id=2, pad_id=-1)
-    out["xlmr-spm"] = _write(
-        root / "xlmr-spm",
-        {
-            "sentencepiece.bpe.model": xlmr,
-            "tokenizer_config.json": {"tokenizer_class": "XLMRobertaTokenizer"},
-        },
-    )
+    out["xlmr-spm"] = xlmr_tokenizer(root / "xlmr-spm", 300)
+    xlmr = (out["xlmr-spm"] / "sentencepiece.bpe.model").read_bytes()
     out["xlmr"] = _resaved(out["xlmr-spm"], root / "xlmr")
-    out["xlmr-hub"] = _write(
+    out["xlmr-hub"] = write_files(
         root / "xlmr-hub",
         {
             "tokenizer.json": (out["xlmr"] / "tokenizer.json").read_bytes(),
@@ -144,7 +114,7 @@ def folders(tmp_path_factory) -> dict[str, Path]:
     old = json.loads((out["xlmr"] / "tokenizer.json").read_text())
     old["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁", "add_prefix_space": True}
     old["decoder"] = dict(old["pre_tokenizer"])
-    out["xlmr-old-json"] = _write(
+    out["xlmr-old-json"] = write_files(
         root / "xlmr-old-json",
         {
             "tokenizer.json": json.dumps(old).encode(),
@@ -152,8 +122,8 @@ def folders(tmp_path_factory) -> dict[str, Path]:
         },
     )
     # mT5 (google/mt5-base): spiece.model only (pad 0, </s> 1, <unk> 2), no tokenizer.json
-    mt5 = _train_spm("unigram", 300, pad_id=0, eos_id=1, unk_id=2, bos_id=-1)
-    out["mt5-spm"] = _write(
+    mt5 = train_spm("unigram", 300, pad_id=0, eos_id=1, unk_id=2, bos_id=-1)
+    out["mt5-spm"] = write_files(
         root / "mt5-spm",
         {
             "spiece.model": mt5,
@@ -173,7 +143,7 @@ def folders(tmp_path_factory) -> dict[str, Path]:
     )
     out["mt5"] = _resaved(out["mt5-spm"], root / "mt5")
     # a T5 tokenizer with its 100 sentinels (SigLIP's timm repos: T5Tokenizer, spiece.model)
-    out["t5-spm"] = _write(
+    out["t5-spm"] = write_files(
         root / "t5-spm",
         {
             "spiece.model": mt5,
@@ -183,20 +153,10 @@ def folders(tmp_path_factory) -> dict[str, Path]:
     out["t5"] = _resaved(out["t5-spm"], root / "t5")
     # NLLB (facebook/nllb-200-distilled-600M): a sentencepiece BPE model, fairseq's ids, the
     # language codes listed in tokenizer_config.json
-    nllb = _train_spm("bpe", 300, unk_id=0, bos_id=1, eos_id=2, pad_id=-1)
-    out["nllb-spm"] = _write(
-        root / "nllb-spm",
-        {
-            "sentencepiece.bpe.model": nllb,
-            "tokenizer_config.json": {
-                "tokenizer_class": "NllbTokenizer",
-                "additional_special_tokens": FAIRSEQ_LANGUAGE_CODES,
-            },
-        },
-    )
+    out["nllb-spm"] = nllb_tokenizer(root / "nllb-spm", 300, codes=FAIRSEQ_LANGUAGE_CODES)
     out["nllb"] = _resaved(out["nllb-spm"], root / "nllb")
     config = json.loads((out["nllb"] / "tokenizer_config.json").read_text())
-    out["nllb-legacy"] = _write(
+    out["nllb-legacy"] = write_files(
         root / "nllb-legacy",
         {
             "tokenizer.json": (out["nllb"] / "tokenizer.json").read_bytes(),
@@ -215,9 +175,9 @@ def folders(tmp_path_factory) -> dict[str, Path]:
     out["roberta-files"] = root / "roberta-files"
     out["roberta-files"].mkdir()
     bpe.save_model(str(out["roberta-files"]))
-    _write(out["roberta-files"], {"config.json": {"model_type": "roberta"}})
+    write_files(out["roberta-files"], {"config.json": {"model_type": "roberta"}})
     out["roberta"] = _resaved(out["roberta-files"], root / "roberta")
-    out["roberta-hub"] = _write(
+    out["roberta-hub"] = write_files(
         root / "roberta-hub",
         {
             "tokenizer.json": (out["roberta"] / "tokenizer.json").read_bytes(),
@@ -230,7 +190,7 @@ def folders(tmp_path_factory) -> dict[str, Path]:
     out["bert-files"] = root / "bert-files"
     out["bert-files"].mkdir()
     wordpiece.save_model(str(out["bert-files"]))
-    _write(
+    write_files(
         out["bert-files"],
         {
             "tokenizer_config.json": {"do_lower_case": True, "model_max_length": 512},
@@ -239,8 +199,8 @@ def folders(tmp_path_factory) -> dict[str, Path]:
     )
     out["bert"] = _resaved(out["bert-files"], root / "bert")
     # Gemma (SigLIP2's timm repos): a byte-fallback BPE tokenizer.model
-    gemma = _train_spm("bpe", 600, pad_id=0, eos_id=1, bos_id=2, unk_id=3, byte_fallback=True)
-    out["gemma-spm"] = _write(
+    gemma = train_spm("bpe", 600, pad_id=0, eos_id=1, bos_id=2, unk_id=3, byte_fallback=True)
+    out["gemma-spm"] = write_files(
         root / "gemma-spm",
         {
             "tokenizer.model": gemma,
@@ -252,7 +212,7 @@ def folders(tmp_path_factory) -> dict[str, Path]:
         },
     )
     out["gemma"] = _resaved(out["gemma-spm"], root / "gemma")
-    out["siglip2-spm"] = _write(
+    out["siglip2-spm"] = write_files(
         root / "siglip2-spm",
         {
             "tokenizer.model": gemma,
@@ -402,18 +362,20 @@ def test_no_transformers_import(folders, tmp_path):
 
 
 def test_folder_without_tokenizer_files(tmp_path, folders):
-    _write(tmp_path / "empty", {"tokenizer_config.json": {"tokenizer_class": "T5Tokenizer"}})
+    write_files(tmp_path / "empty", {"tokenizer_config.json": {"tokenizer_class": "T5Tokenizer"}})
     with pytest.raises(ValueError, match="has no tokenizer files: expected one of tokenizer.json"):
         HFTokenizer(tmp_path / "empty")
     # a sentencepiece model alone, with nothing naming its tokenizer class
-    _write(tmp_path / "anon", {"spiece.model": (folders["mt5-spm"] / "spiece.model").read_bytes()})
+    write_files(
+        tmp_path / "anon", {"spiece.model": (folders["mt5-spm"] / "spiece.model").read_bytes()}
+    )
     with pytest.raises(ValueError, match="cannot tell which tokenizer spiece.model is for"):
         HFTokenizer(tmp_path / "anon")
-    _write(tmp_path / "bad", {"tokenizer.json": b"{}"})
+    write_files(tmp_path / "bad", {"tokenizer.json": b"{}"})
     with pytest.raises(ValueError, match="tokenizer.json is not a tokenizers file"):
         HFTokenizer(tmp_path / "bad")
     # a T5 tokenizer without its sentencepiece model
-    _write(
+    write_files(
         tmp_path / "t5",
         {"vocab.txt": b"a\nb\n", "tokenizer_config.json": {"tokenizer_class": "T5Tokenizer"}},
     )
@@ -425,7 +387,7 @@ def test_folder_without_tokenizer_files(tmp_path, folders):
 
 def test_transformers_still_serves_other_classes(tmp_path, folders):
     """SiglipTokenizer runs the sentencepiece library itself: it stays on transformers."""
-    _write(
+    write_files(
         tmp_path / "siglip",
         {
             "spiece.model": (folders["mt5-spm"] / "spiece.model").read_bytes(),
@@ -470,7 +432,7 @@ def test_sentencepiece_reader_matches_the_protobuf(folders):
     models = [
         folders["xlmr-spm"] / "sentencepiece.bpe.model",
         folders["gemma-spm"] / "tokenizer.model",
-        _train_spm(
+        train_spm(
             "unigram",
             200,
             pad_id=0,

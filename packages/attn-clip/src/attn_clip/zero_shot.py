@@ -9,6 +9,10 @@ and open_clip do). ``predict`` turns image embeddings into class scores: a softm
 classes for CLIP, independent sigmoids (multi-label) for SigLIP-style models that have a
 ``logit_bias``. ``evaluate_zero_shot`` scores a labelled image set with such a classifier
 (top-1 / top-5, as the training recipe does after every epoch).
+
+Prompt templates exist in English only (open_clip ships OpenAI's English ones):
+``templates_for_language`` gives them for English labels and, for labels in any other
+language, the label alone (:data:`LABEL_ONLY`) with a note saying so.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from .model import CLIP
 
 __all__ = [
     "IMAGENET_CLASSNAMES",
+    "LABEL_ONLY",
     "OPENAI_IMAGENET_TEMPLATES",
     "SIMPLE_TEMPLATES",
     "build_zero_shot_classifier",
@@ -33,6 +38,7 @@ __all__ = [
     "evaluate_zero_shot",
     "match_probability",
     "predict",
+    "templates_for_language",
     "zero_shot_logits",
 ]
 
@@ -48,6 +54,29 @@ OPENAI_IMAGENET_TEMPLATES: tuple[Callable[[str], str], ...] = tuple(
 )
 IMAGENET_CLASSNAMES: tuple[str, ...] = tuple(_METADATA["imagenet_classnames"])
 SIMPLE_TEMPLATES: tuple[str, ...] = ("a photo of a {}.",)
+LABEL_ONLY = "{}"  # the template of a label used as it is
+
+
+def templates_for_language(
+    language: str | None = None, imagenet: bool = False
+) -> tuple[list[Template], str | None]:
+    """``(templates, note)`` for labels written in ``language`` (an NLLB or ISO 639-1 code,
+    :func:`attn_clip.languages.language_code`; None = English).
+
+    English: :data:`SIMPLE_TEMPLATES` (``imagenet``: OpenAI's 80 ImageNet prompts) and no
+    note. Any other language: ``[LABEL_ONLY]`` -- each label as it is, since open_clip has
+    English prompt templates only (an English prompt around a German label is neither
+    language) -- and a one-line note saying so. An unknown code: ``InputError``.
+    """
+    from .languages import is_english
+
+    if is_english(language):
+        return list(OPENAI_IMAGENET_TEMPLATES if imagenet else SIMPLE_TEMPLATES), None
+    note = (
+        f"templates: none for {language!r} (open_clip has English prompt templates only); "
+        "each label is used as it is"
+    )
+    return [LABEL_ONLY], note
 
 
 def check_templates(templates: Iterable[str], what: str = "template") -> list[str]:
