@@ -129,12 +129,16 @@ def tiny_multilingual_model(name: str = "xlm-roberta-base-ViT-B-32", seed: int =
     return attn_clip.create_model(name, embed_dim=32, vision=TINY_VISION, text=text)
 
 
-def save_tiny_multilingual(folder: Path, name: str = "xlm-roberta-base-ViT-B-32") -> Path:
+def save_tiny_multilingual(
+    folder: Path, name: str = "xlm-roberta-base-ViT-B-32", extra_corpus: list[str] = ()
+) -> Path:
     """:func:`tiny_multilingual_model` saved by ``attn_clip.save_pretrained`` in ``folder``,
-    with its tokenizer's files next to the weights."""
+    with its tokenizer's files next to the weights (trained on :data:`CORPUS`,
+    :data:`LABELS` and ``extra_corpus``, e.g. the captions a test trains on)."""
     import attn_clip
 
     make_tokenizer, _ = TINY_TEXT[name]
     attn_clip.save_pretrained(tiny_multilingual_model(name), folder)
     corpus = CORPUS + [label for labels in LABELS.values() for label in labels]
+    corpus += list(extra_corpus)
     return make_tokenizer(folder, corpus=corpus, character_coverage=1.0)
