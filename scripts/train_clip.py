@@ -51,11 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--pretrained", default=None, help="a tag (openai, ...) or a checkpoint file")
     g.add_argument("--init-image-from", metavar="MODEL", help="ViT trunk from: folder, demo-shapes")
     g.add_argument("--lock-image", action="store_true", help="freeze the image tower (LiT)")
-    g.add_argument(
-        "--lock-image-trunk",
-        action="store_true",
-        help="freeze the image tower's trunk only (its pooler and projection train)",
-    )
+    g.add_argument("--lock-image-trunk", action="store_true", help="freeze its trunk, not pooler")
     g.add_argument("--wise-ft-alpha", type=float, help="also write wise_ft/: WiSE-FT weights")
     g.add_argument("--grad-checkpointing", action="store_true", help="recompute activations")
     g.add_argument(
@@ -74,13 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--loss", choices=["clip", "siglip"], default="clip", help="InfoNCE or sigmoid")
     g.add_argument("--caption-loss-weight", type=float, help="CoCa (default 2.0: open_clip's)")
     g.add_argument("--clip-loss-weight", type=float, help="CoCa (default 1.0: open_clip's)")
-    g.add_argument(
-        "--caption-input-noise",
-        type=float,
-        default=0.0,
-        metavar="P",
-        help="CoCa: the decoder reads each caption word as a random word with probability P",
-    )
+    g.add_argument("--caption-input-noise", type=float, default=0.0, metavar="P",
+                   help="CoCa: word dropout on the decoder's input")  # fmt: skip
     cli.add_schedule_args(g, epochs=10, batch_size=128, lr=1e-3, warmup=100)
     cli.add_optimizer_args(g, wd=0.1, min_lr_ratio=0.0, betas=(0.9, 0.98), eps=1e-6)
     cli.add_run_args(g := p.add_argument_group("run"), log_every=20, save_every=200, fsdp=True)
