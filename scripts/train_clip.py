@@ -52,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--init-image-from", metavar="MODEL", help="ViT trunk from: folder, demo-shapes")
     g.add_argument("--lock-image", action="store_true", help="freeze the image tower (LiT)")
     g.add_argument("--lock-image-trunk", action="store_true", help="freeze its trunk, not pooler")
+    g.add_argument("--lock-text", action="store_true", help="freeze the text tower (open_clip's)")
+    g.add_argument("--lock-text-unlocked-layers", type=int, default=0, metavar="N",
+                   help="with --lock-text: its last N layer groups train")  # fmt: skip
+    g.add_argument("--lock-text-freeze-layer-norm", action="store_true",
+                   help="with --lock-text: LayerNorms frozen too (HF towers)")  # fmt: skip
     g.add_argument("--wise-ft-alpha", type=float, help="also write wise_ft/: WiSE-FT weights")
     g.add_argument("--grad-checkpointing", action="store_true", help="recompute activations")
     g.add_argument(
@@ -92,6 +97,11 @@ def check_inputs(args: argparse.Namespace) -> None:
         raise ValueError(f"--wise-ft-alpha must be in [0, 1], got {args.wise_ft_alpha}")
     if not 0.0 <= args.caption_input_noise <= 1.0:
         raise ValueError(f"--caption-input-noise must be in [0, 1], got {args.caption_input_noise}")
+    n = args.lock_text_unlocked_layers
+    if n < 0:
+        raise ValueError(f"--lock-text-unlocked-layers must be >= 0, got {n}")
+    if not args.lock_text and (n or args.lock_text_freeze_layer_norm):
+        raise ValueError("--lock-text-unlocked-layers / -freeze-layer-norm need --lock-text")
 
 
 def build_model(args: argparse.Namespace) -> attn_clip.CLIP:
@@ -136,6 +146,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError("--caption-input-noise is for CoCa models (it noises the decoder's input)")
     model.visual.requires_grad_(not args.lock_image)
     trunk = frozen_trunk(model, args)
+    if args.lock_text:  # open_clip's lock_text_tower / HFTextEncoder.lock (its LayerNorm flag:
+        # HF towers only; our own text tower's LayerNorms are locked like its other weights)
+        freeze_norm = args.lock_text_freeze_layer_norm or not model.config.text.hf_model_name
+        model.text.lock(args.lock_text_unlocked_layers, freeze_layer_norm=freeze_norm)
     model.set_grad_checkpointing(args.grad_checkpointing)
     ema = at.make_ema(model, args.ema_decay)
     tokenizer = attn_clip.get_tokenizer(model.config)
@@ -201,6 +215,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             "init_image_from": args.init_image_from,
             "caption_input_noise": args.caption_input_noise,
             "lock_image_trunk": args.lock_image_trunk,
+            "lock_text": args.lock_text,
+            "lock_text_unlocked_layers": args.lock_text_unlocked_layers,
         },
     )
     has_eval = bool(zs_sets) or val is not None

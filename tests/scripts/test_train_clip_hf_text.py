@@ -88,21 +88,27 @@ def test_the_text_tower_trains_and_a_killed_run_resumes_exactly(tc, data, folder
     }
 
 
-def _has_lock_text() -> bool:
-    import train_clip
-
-    return "--lock-text" in train_clip.build_parser().format_help()
-
-
-@pytest.mark.xfail(not _has_lock_text(), reason="train_clip.py has no --lock-text yet", strict=True)
-def test_lock_text_freezes_the_encoder(tc, data, folder, tmp_path):
+@pytest.mark.parametrize("freeze_norm", [True, False])
+def test_lock_text_freezes_the_encoder(tc, data, folder, tmp_path, freeze_norm):
     """--lock-text: the encoder's weights are the folder's after training (its projection
-    and the image tower train), as open_clip's lock of an HF text tower leaves them."""
+    and the image tower train), as open_clip's lock of an HF text tower leaves them; without
+    --lock-text-freeze-layer-norm (open_clip's default) the RoBERTa LayerNorms train."""
     import attn_clip
 
     out = tmp_path / "locked"
-    tc.main(argv(data, folder, out, "--lock-text"))
+    flags = ["--lock-text", *(["--lock-text-freeze-layer-norm"] if freeze_norm else [])]
+    tc.main(argv(data, folder, out, *flags))
     start = attn_clip.create_model(str(folder)).state_dict()
     end = attn_clip.create_model(str(out / "final")).state_dict()
-    assert _changed(start, end, "text.encoder.") == (False, False)
+    norms = {k for k in start if k.startswith("text.encoder.") and "norm" in k}
+    assert norms
+    weights = {k: v for k, v in start.items() if k.startswith("text.encoder.") and k not in norms}
+    assert _changed(weights, end, "text.encoder.") == (False, False)
+    assert _changed({k: start[k] for k in norms}, end, "text.encoder.")[0] == (not freeze_norm)
     assert _changed(start, end, "text.proj.")[1] and _changed(start, end, "visual.")[0]
+
+
+def test_lock_text_flags_need_lock_text(tc, data, folder, tmp_path):
+    with pytest.raises(ValueError, match="need --lock-text"):
+        tc.main(argv(data, folder, tmp_path / "x", "--lock-text-unlocked-layers", "1"))
+    assert not (tmp_path / "x").exists()
