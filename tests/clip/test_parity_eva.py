@@ -151,7 +151,7 @@ def test_eva_configs_and_refusals():
         get_model_config("EVA02-E-14")
     cfg = open_clip.get_model_config("EVA02-B-16")
     for key, value, match in [
-        ("timm_proj", "linear", "timm_proj='linear'"),
+        ("timm_proj", "mlp", "timm_proj='mlp'"),
         ("timm_pool", "map", "timm_pool='map'"),
         ("timm_model_args", {"depth": 2, "qk_norm": True}, "qk_norm=True"),
     ]:

@@ -32,6 +32,7 @@ TOL = {"atol": 1e-4, "rtol": 1e-4}
 TEXT_LAYERS = 2
 CONVNEXT_DEPTHS = (1, 1, 2, 1)
 RESNET_LAYERS = (1, 1, 1, 1)
+SWIN_DEPTHS = (1, 1, 2, 1)
 
 CASES = [
     ("convnext_base", "timm_proj linear, 224 px", "open_clip_pytorch_model.bin"),
@@ -40,6 +41,14 @@ CASES = [
     ("RN50x4-quickgelu", "RN50x4 widths, 288 px, QuickGELU", "open_clip_model.safetensors"),
     # a timm ViT tower with no projection, LayerNorm eps 1e-5; text without a causal mask
     ("MobileCLIP2-L-14", "vit_large_patch14_clip_224, token pool", "open_clip_model.safetensors"),
+    # a timm ViT tower without qkv bias, average pooled, open_clip's bias-free linear head
+    (
+        "vit_medium_patch16_gap_256",
+        "no qkv bias, avg pool, timm_proj linear",
+        "open_clip_model.safetensors",
+    ),
+    # a timm Swin tower (shifted windows in stage 3), average pooled, linear head
+    ("swin_base_patch4_window7_224", "Swin-B, timm_proj linear", "open_clip_pytorch_model.bin"),
 ]
 VIT_DEPTH = 2
 
@@ -56,23 +65,29 @@ def _perturb(model: torch.nn.Module) -> torch.nn.Module:
     return model.eval()
 
 
+def _shrunk(name: str, vision_cfg: dict) -> tuple[dict, dict]:
+    """``(timm.create_model keyword arguments, our vision overrides)`` that cut the depth
+    of ``name``'s timm image tower (a ResNet's: no timm arguments, its layers)."""
+    if name.startswith("convnext"):
+        return {"depths": CONVNEXT_DEPTHS}, {"convnext": {"depths": CONVNEXT_DEPTHS}}
+    if name.startswith("swin_"):
+        return {"depths": SWIN_DEPTHS}, {"swin": {"depths": SWIN_DEPTHS}}
+    if vision_cfg.get("timm_model_name", "").startswith("vit_"):
+        return {"depth": VIT_DEPTH}, {"layers": VIT_DEPTH}
+    return {}, {"layers": RESNET_LAYERS}
+
+
 def open_clip_family(name: str) -> tuple[torch.nn.Module, dict]:
     """open_clip's CLIP for ``name`` with the shrunk depths, perturbed, in eval mode, and
     the ``create_model`` overrides that build ours the same."""
     cfg = copy.deepcopy(open_clip.get_model_config(name))
     cfg["text_cfg"].update(layers=TEXT_LAYERS, vocab_size=SMALL_VOCAB)
-    overrides: dict = {"text": {"layers": TEXT_LAYERS, "vocab_size": SMALL_VOCAB}}
+    timm_args, vision = _shrunk(name, cfg["vision_cfg"])
+    overrides = {"text": {"layers": TEXT_LAYERS, "vocab_size": SMALL_VOCAB}, "vision": vision}
+    if not timm_args:
+        cfg["vision_cfg"]["layers"] = list(RESNET_LAYERS)
     with pytest.MonkeyPatch.context() as mp:
-        if name.startswith("convnext"):
-            depths = functools.partial(timm.create_model, depths=CONVNEXT_DEPTHS)
-            mp.setattr(timm, "create_model", depths)
-            overrides["vision"] = {"convnext": {"depths": CONVNEXT_DEPTHS}}
-        elif cfg["vision_cfg"].get("timm_model_name", "").startswith("vit_"):
-            mp.setattr(timm, "create_model", functools.partial(timm.create_model, depth=VIT_DEPTH))
-            overrides["vision"] = {"layers": VIT_DEPTH}
-        else:
-            cfg["vision_cfg"]["layers"] = list(RESNET_LAYERS)
-            overrides["vision"] = {"layers": RESNET_LAYERS}
+        mp.setattr(timm, "create_model", functools.partial(timm.create_model, **timm_args))
         with torch.random.fork_rng():
             torch.manual_seed(0)
             custom = cfg.pop("custom_text", False)  # as open_clip.create_model picks
@@ -121,6 +136,8 @@ def test_open_clip_checkpoint_files(tmp_path, reference, name, what, filename):
         "convnext_base": "visual.head.proj.weight",
         "convnext_large_d": "visual.head.mlp.fc1.weight",
         "MobileCLIP2-L-14": f"visual.trunk.blocks.{VIT_DEPTH - 1}.attn.qkv.weight",
+        "vit_medium_patch16_gap_256": "visual.head.proj.weight",
+        "swin_base_patch4_window7_224": "visual.trunk.layers.2.blocks.1.attn.qkv.weight",
     }.get(name, "visual.attnpool.c_proj.weight")
     assert head in sd
     path = tmp_path / filename
@@ -160,20 +177,25 @@ def test_resnet_save_pretrained_loads_in_open_clip(tmp_path, reference):
         assert_close(twin.encode_text(tokens), ref.encode_text(tokens), **TOL)
 
 
-def test_convnext_save_pretrained_round_trips(tmp_path, monkeypatch, reference):
-    """A shrunk ConvNeXt CLIP's folder names its timm depths (``timm_model_args``): ours
+@pytest.mark.parametrize(
+    "name", ["convnext_large_d", "swin_base_patch4_window7_224", "vit_medium_patch16_gap_256"]
+)
+def test_timm_tower_save_pretrained_round_trips(tmp_path, monkeypatch, reference, name):
+    """A shrunk timm-tower CLIP's folder names its timm depths (``timm_model_args``): ours
     loads it back exactly; open_clip, given the same timm depths, reads its weights."""
-    ref, overrides = reference("convnext_large_d")
+    ref, overrides = reference(name)
     path = tmp_path / "w.safetensors"
     save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, str(path))
-    ours = create_model("convnext_large_d", pretrained=str(path), **overrides)
+    ours = create_model(name, pretrained=str(path), **overrides)
     save_pretrained(ours, tmp_path / "saved")
     back = create_model(str(tmp_path / "saved"))
     _assert_same_model(back, ours)
-    monkeypatch.setattr(
-        timm, "create_model", functools.partial(timm.create_model, depths=CONVNEXT_DEPTHS)
-    )
-    cfg = copy.deepcopy(open_clip.get_model_config("convnext_large_d"))
+    cfg = copy.deepcopy(open_clip.get_model_config(name))
+    timm_args, _ = _shrunk(name, cfg["vision_cfg"])
+    assert ours.config.to_open_clip()["vision_cfg"]["timm_model_args"] == {
+        k: list(v) if isinstance(v, tuple) else v for k, v in timm_args.items()
+    }
+    monkeypatch.setattr(timm, "create_model", functools.partial(timm.create_model, **timm_args))
     cfg["text_cfg"].update(layers=TEXT_LAYERS, vocab_size=SMALL_VOCAB)
     twin = open_clip.model.CLIP(**cfg)
     monkeypatch.undo()

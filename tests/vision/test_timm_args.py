@@ -11,7 +11,7 @@ import torch
 from attn_vision import create_model, get_model_config, list_models
 from attn_vision.registry import FAMILIES, get_model_spec, timm_model_config
 from attn_vision.timm_args import TIMM_TRANSLATORS, convnext_args, timm_kwargs
-from attn_vision.timm_table import timm_convnext_args
+from attn_vision.timm_table import timm_convnext_args, timm_swin_args
 from timm.models.vitamin import VitCfg
 
 
@@ -26,6 +26,18 @@ def test_convnext_presets_are_timms_architectures() -> None:
         config = get_model_config(name)
         assert {k: getattr(config, k) for k in args} == args, name
     assert "use_grn=True" in table["convnextv2_tiny"][1]  # ConvNeXt-V2: named, not built
+
+
+def test_swin_presets_are_timms_architectures() -> None:
+    """The hand-written Swin presets are what timm's entrypoints pass their builder."""
+    table = timm_swin_args()
+    presets = list_models("swin_*")
+    assert len(presets) == 6
+    for name in presets:
+        args, unsupported = table[name]
+        assert not unsupported, name
+        config = get_model_config(name)
+        assert {k: getattr(config, k) for k in args} == args, name
 
 
 def test_timm_kwargs_override_a_preset_as_timm_create_model_does() -> None:
@@ -57,7 +69,8 @@ def test_timm_kwargs_override_a_preset_as_timm_create_model_does() -> None:
             "use_grn=True, stem_type='overlap'",
         ),
         ("convnext_tiny", {"kernel_sizes": [7, 5, 5, 5]}, r"kernel_sizes=\[7, 5, 5, 5\]"),
-        ("swin_tiny_patch4_window7_224", {"depths": [1, 1, 1, 1]}, "not translated"),
+        ("swin_tiny_patch4_window7_224", {"always_partition": True}, "always_partition=True"),
+        ("resnet50", {"layers": [1, 1, 1, 1]}, "not translated"),
         ("eva02_enormous_patch14_clip_224", {}, "not built by attn_vision.*use_post_norm=True"),
     ],
 )
@@ -80,6 +93,7 @@ INVERSE_CASES = [
     ("eva02_base_patch16_clip_224", dict(depth=1, mlp_inner_norm=False, mlp_gate_last=False)),
     ("vitamin_small_224", dict(depth=1, stem_width=32, conv_depths=(1, 1))),
     ("convnext_tiny", dict(depths=(1, 1, 2, 1), kernel_size=5, conv_mlp=True)),
+    ("swin_base_patch4_window7_224", dict(depths=(1, 1, 2, 1), window_size=8, mlp_ratio=2.0)),
 ]
 
 

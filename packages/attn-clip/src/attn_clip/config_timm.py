@@ -25,19 +25,27 @@ from attn_vision.pretrained import read_table
 from attn_vision.registry import ModelSpec, get_model_spec, list_models, timm_model_config
 from attn_vision.timm_args import timm_kwargs
 
-from .tower_config import CONVNEXT_FIELDS, EVA_FIELDS, VITAMIN_FIELDS, CLIPVisionConfig
+from .tower_config import (
+    CONVNEXT_FIELDS,
+    EVA_FIELDS,
+    SWIN_FIELDS,
+    VITAMIN_FIELDS,
+    CLIPVisionConfig,
+)
 
 __all__ = ["timm_vision_cfg", "timm_vision_config"]
 
 _POOLS = {"token": "tok", "avg": "avg", "map": "map"}  # timm's global_pool -> pool_type
 # attn_vision ViTConfig fields a CLIP tower builds only at their default
-_VIT_FIXED = ("in_chans", "qkv_bias", "proj_bias", "dist_token", "reg_tokens", "no_embed_class",
+_VIT_FIXED = ("in_chans", "proj_bias", "dist_token", "reg_tokens", "no_embed_class",
               "final_norm")  # fmt: skip
-_EVA_ONLY = ("rope", "rope_ref_grid", "attn_inner_norm", "mlp_inner_norm")
+# the Eva fields (EVA_FIELDS): a timm VisionTransformer tower has them at their defaults
+_EVA_ONLY = tuple(k for k in EVA_FIELDS if k not in ("qkv_fused", "mlp_gate_last"))
 _EVA_FIXED = (*_VIT_FIXED, "class_token", "pre_norm")  # (timm Eva's layout has both)
 # ConvNeXtConfig fields an open_clip ConvNeXt tower builds only at their default (its head
 # reads the dims[-1] pooled features: no pre-logits head_hidden_size)
 _CONVNEXT_FIXED = ("in_chans", "mlp_ratio", "head_hidden_size")
+_SWIN_FIXED = ("in_chans",)  # (its global_pool: the trunk's average, checked below)
 
 
 @functools.cache
@@ -51,7 +59,7 @@ def _preset(name: str) -> ModelSpec:
         refused = read_table().get("unsupported", {}).get(name)
         if refused:
             raise ValueError(f"timm {name!r} with {', '.join(refused)}: not an attn_vision preset")
-        raise ValueError("not an attn_vision ViT, Eva, ViTamin or ConvNeXt preset")
+        raise ValueError("not an attn_vision ViT, Eva, ViTamin, ConvNeXt or Swin preset")
     return get_model_spec(name)
 
 
@@ -84,6 +92,7 @@ def _vit_fields(c: Any, image_size: Any) -> dict[str, Any]:
         act=c.act,
         norm_eps=c.norm_eps,
         class_token=c.class_token,
+        qkv_bias=c.qkv_bias,
     )
 
 
@@ -102,25 +111,38 @@ def timm_vision_config(
     Raises ``ValueError`` naming each argument and field attn_clip cannot build.
     """
     spec = _preset(name)
-    build = {"vit": _vit_tower, "vitamin": _vitamin_tower, "convnext": _convnext_tower}.get(
-        spec.family
-    )
+    build = {
+        "vit": _vit_tower,
+        "vitamin": _vitamin_tower,
+        "convnext": _convnext_tower,
+        "swin": _swin_tower,
+    }.get(spec.family)
     if build is None:
-        raise ValueError(f"an attn_vision {spec.family} preset, not a ViT, Eva, ViTamin or "
-                         "ConvNeXt")  # fmt: skip
+        raise ValueError(f"an attn_vision {spec.family} preset, not a ViT, Eva, ViTamin, "
+                         "ConvNeXt or Swin")  # fmt: skip
     return build(name, spec, args, image_size, timm_pool, timm_proj, bool(timm_proj_bias))
 
 
 def _vit_tower(
     name: str, spec: ModelSpec, args: dict, image_size: Any, pool: str, proj: Any, proj_bias: bool
 ) -> CLIPVisionConfig:
-    """timm ``VisionTransformer`` (SigLIP) or ``Eva`` (EVA-CLIP): no extra projection."""
+    """timm ``VisionTransformer`` (SigLIP, ``vit_medium_patch16_gap_256``) or ``Eva``
+    (EVA-CLIP, PE-Core): timm's own classifier as the projection (``timm_proj`` None) or
+    none (``"none"``), pooled by ``timm_pool``; or open_clip's bias-free Linear
+    (``"linear"``) over the trunk's own pooling (``timm_pool=""``) or ``timm_pool``'s."""
     eva = spec.timm_module == "eva"
-    pools = ("token", "avg") if eva else ("token", "avg", "map")
-    bad = [] if pool in pools else [f"timm_pool={pool!r} (expected one of {list(pools)})"]
-    if proj not in (None, "none"):
-        bad.append(f"timm_proj={proj!r} (expected None: timm's head, or 'none')")
-    c = timm_model_config(name, args, **({"global_pool": pool} if pool in pools else {}))
+    linear = proj == "linear" and not proj_bias
+    pools = [p for p in _POOLS if not (eva and p == "map")]
+    bad = []
+    if pool not in pools and not (linear and pool == ""):
+        bad.append(f"timm_pool={pool!r} (expected one of {pools}, or '' with "
+                   "timm_proj='linear')")  # fmt: skip
+    if proj not in (None, "none") and not linear:
+        bad.append(f"timm_proj={proj!r}, timm_proj_bias={proj_bias!r} (expected None: timm's "
+                   "head, 'none', or 'linear' without bias)")  # fmt: skip
+    # open_clip passes timm_pool to timm.create_model (to reset_classifier with "linear")
+    pool_args = {"global_pool": pool} if pool in pools else {}
+    c = timm_model_config(name, {**args, **pool_args})
     fixed = _changed(c, _EVA_FIXED if eva else (*_VIT_FIXED, *_EVA_ONLY))
     bad = fixed + _image_size(c, image_size) + bad
     if bad:
@@ -135,7 +157,7 @@ def _vit_tower(
     return CLIPVisionConfig(
         **_vit_fields(c, image_size),
         patch_bias=(not c.pre_norm) if c.patch_bias is None else c.patch_bias,
-        proj_type="head" if proj is None else "none",
+        proj_type={None: "head", "none": "none"}.get(proj, "linear"),
         timm_model_name=name,
         eva=eva_fields,
     )
@@ -192,6 +214,31 @@ def _convnext_tower(
     )
 
 
+def _swin_tower(
+    name: str, spec: ModelSpec, args: dict, image_size: Any, pool: str, proj: Any, proj_bias: bool
+) -> CLIPVisionConfig:
+    """timm Swin: its final LayerNorm and average pool, then open_clip's Linear or MLP (as a
+    ConvNeXt's). open_clip builds the trunk at the preset's image size (its shift masks are
+    fixed): ``image_size`` must be that."""
+    bad = [] if pool in ("", "avg") else [f"timm_pool={pool!r} (expected '' or 'avg')"]
+    if proj not in ("linear", "mlp"):
+        bad.append(f"timm_proj={proj!r} (expected 'linear' or 'mlp')")
+    c = timm_model_config(name, args)
+    bad = _changed(c, _SWIN_FIXED) + _image_size(c, image_size) + bad
+    if c.global_pool != "avg":
+        bad.append(f"global_pool={c.global_pool!r} (expected 'avg')")
+    if bad:
+        raise ValueError(f"timm Swin {name!r} with {', '.join(bad)}")
+    return CLIPVisionConfig(
+        image_size=image_size,
+        pool_type="avg",
+        proj_type=proj,
+        proj_bias=proj_bias,
+        timm_model_name=name,
+        swin={k: getattr(c, k) for k in SWIN_FIELDS},
+    )
+
+
 # -- back to open_clip's vision_cfg ---------------------------------------------------------
 
 
@@ -200,6 +247,8 @@ def _trunk_changes(v: CLIPVisionConfig, base: Any) -> dict[str, Any]:
     timm name's preset, pooled as ``v``)."""
     if v.convnext is not None:
         want = dict(v.convnext)
+    elif v.swin is not None:
+        want = dict(v.swin, img_size=to_2tuple(v.image_size))
     else:
         want = dict(
             img_size=to_2tuple(v.image_size),
@@ -214,6 +263,7 @@ def _trunk_changes(v: CLIPVisionConfig, base: Any) -> dict[str, Any]:
             act=v.act,
             norm_eps=v.norm_eps,
             class_token=v.class_token,
+            qkv_bias=v.qkv_bias,
             **{k: x for k, x in (v.eva or {}).items() if k != "qkv_fused"},
             **(v.vitamin or {}),
         )
@@ -223,7 +273,7 @@ def _trunk_changes(v: CLIPVisionConfig, base: Any) -> dict[str, Any]:
             del want["img_size"]  # (no position embedding: any size)
         if v.act != "swiglu":
             want.pop("mlp_gate_last", None)
-    have = _vit_fields(base, v.image_size) if v.convnext is None else {}
+    have = _vit_fields(base, v.image_size) if v.tower == "vit" else {}
     out = {}
     for key, value in want.items():
         current = getattr(base, key)
@@ -245,7 +295,7 @@ def timm_vision_cfg(v: CLIPVisionConfig) -> dict[str, Any]:
     it)."""
     name = v.timm_model_name
     spec = _preset(name)
-    if v.tower == "convnext":
+    if v.tower in ("convnext", "swin"):
         pool = ""  # (the trunk's own average pool)
     else:
         pool = {"tok": "token", "avg": "avg", "map": "map"}[v.pool_type]
@@ -264,7 +314,7 @@ def timm_vision_cfg(v: CLIPVisionConfig) -> dict[str, Any]:
         same = False
     if same:
         return out
-    base = timm_model_config(name, **({"global_pool": pool} if pool else {}))
+    base = timm_model_config(name, {"global_pool": pool} if pool else None)
     changes = _trunk_changes(v, base)
     args = timm_kwargs(spec.timm_module, dataclasses.replace(base, **changes), base)
     if v.eva is not None and v.eva["qkv_fused"] != spec.layout_args.get("qkv_fused", True):

@@ -191,6 +191,10 @@ def _fresh_buffer(owner: torch.nn.Module, name: str, buffer: torch.Tensor) -> to
     if isinstance(owner, AxialRotaryEmbedding) and name.endswith(".inv_freq"):
         return AxialRotaryEmbedding(owner.dim, owner.base, owner.ref_grid, owner.grid_offset,
                                     owner.interleaved).inv_freq  # fmt: skip
+    if type(owner).__module__ == "attn_vision.swin" and name.endswith(".relative_position_index"):
+        from attn_vision.swin import relative_position_index
+
+        return relative_position_index(owner.window_size)  # a Swin tower's window attention
     if type(owner).__module__ == "attn_nlp.m2m100" and name.endswith(".table"):
         from attn_nlp.m2m100 import SinusoidalPositions, sinusoidal_table
 
@@ -202,8 +206,9 @@ def _fresh_buffer(owner: torch.nn.Module, name: str, buffer: torch.Tensor) -> to
 def _compute_non_persistent_buffers(model: CLIP) -> None:
     """Fill the buffers no checkpoint holds, which a model built on the ``meta`` device
     and moved by ``to_empty`` has as uninitialized memory: the RoPE frequencies of an EVA02
-    trunk (from a fresh :class:`~attn_core.AxialRotaryEmbedding`), the sinusoidal position
-    table of an NLLB (M2M100) text tower. Any other such buffer is an error here rather
+    trunk (from a fresh :class:`~attn_core.AxialRotaryEmbedding`), the relative position
+    index of a Swin trunk's window attention, the sinusoidal position table of an NLLB
+    (M2M100) text tower. Any other such buffer is an error here rather
     than garbage in the outputs."""
     saved = set(model.state_dict())
     for name, buffer in model.named_buffers():

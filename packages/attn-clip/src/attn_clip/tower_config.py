@@ -15,6 +15,9 @@ Three kinds of image tower (:attr:`CLIPVisionConfig.tower`), as open_clip decide
 * ``"convnext"``: a timm ``ConvNeXt`` trunk (``timm_model_name="convnext_base"``) pooled by
   its own head (average pool + LayerNorm), then open_clip's ``timm_proj`` head: a Linear
   (``"linear"``) or Linear-GELU-Linear (``"mlp"``), biased per ``timm_proj_bias``;
+* ``"swin"``: a timm Swin Transformer trunk (``timm_model_name="swin_base_patch4_window7_224"``,
+  :attr:`CLIPVisionConfig.swin`), its final LayerNorm'd map average pooled, then the same
+  ``timm_proj`` head as a ConvNeXt's;
 * ``"resnet"``: OpenAI's ModifiedResNet (``vision_cfg.layers`` a list of stage depths).
 
 A timm ViTamin (``timm_model_name="vitamin_small_224"``) is a ``"vit"`` tower too: a ViT on a
@@ -31,6 +34,7 @@ from typing import Any
 
 from attn_vision.convnext import ConvNeXtConfig
 from attn_vision.patch_embed import to_2tuple
+from attn_vision.swin import SwinConfig
 from attn_vision.vitamin import VitaminConfig
 
 __all__ = ["CLIPTextConfig", "CLIPVisionConfig", "MultimodalConfig", "PreprocessConfig"]
@@ -38,6 +42,11 @@ __all__ = ["CLIPTextConfig", "CLIPVisionConfig", "MultimodalConfig", "Preprocess
 CONVNEXT_FIELDS = (  # attn_vision ConvNeXtConfig fields that make up the architecture
     "depths", "dims", "patch_size", "kernel_size", "ls_init_value", "conv_mlp", "conv_bias",
     "head_norm_first", "head_hidden_size", "norm_eps",
+)  # fmt: skip
+SWIN_FIELDS = (  # attn_vision SwinConfig fields that make up the architecture (not img_size:
+    # the tower's image_size)
+    "patch_size", "embed_dim", "depths", "num_heads", "window_size", "mlp_ratio", "qkv_bias",
+    "norm_eps",
 )  # fmt: skip
 # a timm Eva tower's fields beyond a CLIP ViT's: attn_vision ViTConfig fields, with their
 # defaults, and timm's ``qkv_fused`` (only the layout of open_clip's checkpoint: one ``qkv``
@@ -70,9 +79,9 @@ VISION_POOLS = ("tok", "avg", "map")
 @dataclass
 class CLIPVisionConfig:
     """Vision tower: a ViT with CLIP's ``ln_pre``, class token, ``ln_post`` and projection
-    (a timm Eva: ``eva`` set); or a timm ConvNeXt (``convnext``) with open_clip's projection
-    head; or OpenAI's ModifiedResNet (``layers`` a tuple). The ViT fields mean nothing to a
-    ConvNeXt."""
+    (a timm Eva: ``eva`` set); or a timm ConvNeXt (``convnext``) or Swin (``swin``) with
+    open_clip's projection head; or OpenAI's ModifiedResNet (``layers`` a tuple). The ViT
+    fields mean nothing to a ConvNeXt or Swin."""
 
     image_size: int | tuple[int, int] = 224  # input size the position embedding is laid out for
     patch_size: int = 16  # side of the square patches
@@ -89,6 +98,7 @@ class CLIPVisionConfig:
     act: str = "gelu"
     norm_eps: float = 1e-5  # LayerNorm epsilon
     class_token: bool = True  # prepend a class token (SigLIP's towers have none)
+    qkv_bias: bool = True  # bias in the qkv projection (timm vit_medium_*_gap / vit_relpos_*: none)
     patch_bias: bool = False  # bias in the patch embedding (timm's SigLIP and Eva towers)
     # "linear" (ViT: bias-free; ConvNeXt: open_clip's head.proj), "mlp" (ConvNeXt: head.mlp,
     # Linear-GELU-Linear, 2 * embed_dim wide), "head" (timm ViT / Eva: the trunk's own
@@ -97,6 +107,7 @@ class CLIPVisionConfig:
     proj_bias: bool = False  # bias in a ConvNeXt's projection (open_clip's timm_proj_bias)
     timm_model_name: str | None = None  # the timm model this tower is, as open_clip names it
     convnext: dict[str, Any] | None = None  # a ConvNeXt: its attn_vision ConvNeXtConfig fields
+    swin: dict[str, Any] | None = None  # a Swin: its attn_vision SwinConfig fields (SWIN_FIELDS)
     eva: dict[str, Any] | None = None  # a timm Eva ViT: its EVA_FIELDS (RoPE, inner norms, ...)
     vitamin: dict[str, Any] | None = None  # a timm ViTamin: its VITAMIN_FIELDS (the conv stem)
     # CoCa's attentional pooler: attn_pooler_queries learned queries (attn_pooler_heads heads)
@@ -124,9 +135,11 @@ class CLIPVisionConfig:
                 f"vision proj_type must be 'linear', 'mlp', 'head' or 'none', got "
                 f"{self.proj_type!r}"
             )
-        if (self.eva is not None or self.proj_type == "head") and not self.timm_model_name:
-            raise ValueError("eva= and proj_type='head' describe a timm tower: they need a "
-                             "timm_model_name")  # fmt: skip
+        if (
+            self.eva is not None or self.proj_type == "head" or not self.qkv_bias
+        ) and not self.timm_model_name:
+            raise ValueError("eva=, proj_type='head' and qkv_bias=False describe a timm tower: "
+                             "they need a timm_model_name")  # fmt: skip
         if self.eva is not None:
             self.eva = _eva_fields(self.eva)
             if self.convnext is not None or isinstance(self.layers, tuple):
@@ -148,11 +161,22 @@ class CLIPVisionConfig:
                     f"proj_type 'linear' or 'none', got {self.patch_size}, {self.patch_bias}, "
                     f"{self.proj_type!r}"
                 )
+        if self.convnext is not None and self.swin is not None:
+            raise ValueError("a tower is a ConvNeXt (convnext=) or a Swin (swin=), not both")
         if self.convnext is not None:
             self.convnext = _convnext_fields(self.convnext)
             self.width = self.convnext["dims"][-1]  # what the projection gets, always
             if self.proj_type not in ("linear", "mlp"):
                 raise ValueError("a ConvNeXt tower needs proj_type 'linear' or 'mlp'")
+            return
+        if self.swin is not None:
+            if not self.timm_model_name or self.eva is not None or self.vitamin is not None:
+                raise ValueError("swin= describes a timm Swin tower: it needs a timm_model_name "
+                                 "(and no eva= or vitamin=)")  # fmt: skip
+            self.swin = _swin_fields(self.swin, self.image_size)
+            self.width = self.swin["embed_dim"] * 2 ** (len(self.swin["depths"]) - 1)
+            if self.proj_type not in ("linear", "mlp"):
+                raise ValueError("a Swin tower needs proj_type 'linear' or 'mlp'")
             return
         if self.proj_type == "mlp" or self.proj_bias:
             raise ValueError("proj_type='mlp' and proj_bias=True are for ConvNeXt towers only")
@@ -180,9 +204,12 @@ class CLIPVisionConfig:
 
     @property
     def tower(self) -> str:
-        """``"resnet"`` (OpenAI's ModifiedResNet), ``"convnext"`` (timm's) or ``"vit"``."""
+        """``"resnet"`` (OpenAI's ModifiedResNet), ``"convnext"`` / ``"swin"`` (timm's) or
+        ``"vit"``."""
         if self.convnext is not None:
             return "convnext"
+        if self.swin is not None:
+            return "swin"
         return "resnet" if isinstance(self.layers, tuple) else "vit"
 
     @property
@@ -204,6 +231,14 @@ def _convnext_fields(d: dict[str, Any]) -> dict[str, Any]:
     _check_fields(d, CONVNEXT_FIELDS, "ConvNeXt")
     c = ConvNeXtConfig(**d)
     return {k: getattr(c, k) for k in CONVNEXT_FIELDS}
+
+
+def _swin_fields(d: dict[str, Any], image_size: Any) -> dict[str, Any]:
+    """The Swin architecture fields, complete and checked at ``image_size`` (tuples,
+    attn_vision's defaults)."""
+    _check_fields(d, SWIN_FIELDS, "Swin")
+    c = SwinConfig(**d, img_size=image_size, num_classes=0)
+    return {k: getattr(c, k) for k in SWIN_FIELDS}
 
 
 def _vitamin_fields(d: dict[str, Any]) -> dict[str, Any]:

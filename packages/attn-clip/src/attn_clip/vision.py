@@ -27,7 +27,9 @@ tower's ``proj``.
 
 A ConvNeXt tower is open_clip's ``TimmModel``: timm's ConvNeXt with its classifier removed
 (``trunk``: average pool + LayerNorm kept, ``(B, D)``), then ``head.proj`` (a Linear) or
-``head.mlp`` (``fc1`` -> GELU -> ``fc2``, ``2 E`` wide) -- open_clip's names. A ResNet tower
+``head.mlp`` (``fc1`` -> GELU -> ``fc2``, ``2 E`` wide) -- open_clip's names. A Swin tower
+(``swin_base_patch4_window7_224``) is the same with attn_vision's Swin Transformer as the
+trunk (its final LayerNorm'd ``(B, H / 32, W / 32, D)`` map average pooled). A ResNet tower
 is OpenAI's ModifiedResNet (:mod:`attn_clip.modified_resnet`), whose attention pool ends in
 the projection (``trunk.attnpool.c_proj``).
 
@@ -46,6 +48,7 @@ from collections import OrderedDict
 import torch
 from attn_core.mha import MultiHeadAttention
 from attn_vision.convnext import ConvNeXt, ConvNeXtConfig
+from attn_vision.swin import SwinConfig, SwinTransformer
 from attn_vision.vit import VisionTransformer, ViTConfig
 from attn_vision.vitamin import Vitamin, VitaminConfig
 from torch import nn
@@ -69,7 +72,7 @@ def vit_config(c: CLIPVisionConfig, embed_dim: int = 0) -> ViTConfig:
         depth=c.layers,
         num_heads=c.heads,
         mlp_ratio=c.mlp_ratio,
-        qkv_bias=True,
+        qkv_bias=c.qkv_bias,
         class_token=c.class_token,
         pre_norm=not c.no_ln_pre,
         final_norm=not c.attentional_pool,  # CoCa: ln_post comes after the pooler
@@ -119,7 +122,8 @@ class ProjectionMlp(nn.Module):
 
 
 def convnext_head(config: CLIPVisionConfig, embed_dim: int) -> nn.Sequential:
-    """open_clip's ``TimmModel.head`` over a ConvNeXt's ``(B, D)`` pooled features."""
+    """open_clip's ``TimmModel.head`` over a ConvNeXt's (or Swin's) ``(B, D)`` pooled
+    features."""
     if config.proj_type == "mlp":
         layer = ProjectionMlp(config.width, 2 * embed_dim, embed_dim, bias=config.proj_bias)
         return nn.Sequential(OrderedDict(mlp=layer))
@@ -129,8 +133,8 @@ def convnext_head(config: CLIPVisionConfig, embed_dim: int) -> nn.Sequential:
 
 
 def build_trunk(config: CLIPVisionConfig, embed_dim: int, weight_init: bool = True) -> nn.Module:
-    """The tower's trunk: attn_vision's ViT (or ViTamin) or ConvNeXt (no classifier), or
-    ModifiedResNet."""
+    """The tower's trunk: attn_vision's ViT (or ViTamin), ConvNeXt or Swin (no classifier),
+    or ModifiedResNet."""
     if config.tower == "resnet":
         size = config.image_size
         size = size[0] if isinstance(size, tuple) else size
@@ -140,6 +144,9 @@ def build_trunk(config: CLIPVisionConfig, embed_dim: int, weight_init: bool = Tr
     if config.tower == "convnext":
         convnext = ConvNeXtConfig(**config.convnext, num_classes=0)
         return ConvNeXt(convnext, weight_init=weight_init)
+    if config.tower == "swin":  # (its image size fixed: the shift masks depend on it)
+        swin = SwinConfig(**config.swin, img_size=config.image_size, num_classes=0)
+        return SwinTransformer(swin, weight_init=weight_init)
     vit_cls = Vitamin if config.vitamin is not None else VisionTransformer
     return vit_cls(vit_config(config, embed_dim), weight_init=weight_init)
 
@@ -168,7 +175,8 @@ class CLIPVisionTower(nn.Module):
             else None
         )  # the ViT's projection (a timm tower's may be trunk.head); a ConvNeXt's is `head`,
         # a ResNet's ends its attention pool
-        self.head = convnext_head(config, embed_dim) if config.tower == "convnext" else None
+        pooled = config.tower in ("convnext", "swin")  # open_clip's timm_proj head
+        self.head = convnext_head(config, embed_dim) if pooled else None
         if weight_init and self.proj is not None:
             nn.init.normal_(self.proj.weight, std=self.proj.in_features**-0.5)
 
@@ -199,7 +207,8 @@ class CLIPVisionTower(nn.Module):
 
     def forward_features(self, images: torch.Tensor) -> torch.Tensor:
         """``(B, C, H, W)`` -> a ViT's ``(B, N, D)`` tokens after the last block (and
-        ``ln_post``), a ConvNeXt's or ResNet's ``(B, D, H / 32, W / 32)`` feature map."""
+        ``ln_post``), a ConvNeXt's or ResNet's ``(B, D, H / 32, W / 32)`` feature map, a
+        Swin's ``(B, H / 32, W / 32, D)``."""
         return self.trunk.forward_features(self.prepare(images))
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:

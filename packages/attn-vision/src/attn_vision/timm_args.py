@@ -26,6 +26,7 @@ __all__ = [
     "convnext_args",
     "eva_args",
     "eva_layout",
+    "swin_args",
     "timm_kwargs",
     "vit_args",
     "vitamin_args",
@@ -61,6 +62,7 @@ TIMM_CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
     "eva": {"global_pool": "avg"},
     "vitamin": {"global_pool": "token", "class_token": True, "pos_embed": "learn"},
     "convnext": {},
+    "swin_transformer": {},
 }
 
 
@@ -233,6 +235,43 @@ def convnext_args(kwargs: dict[str, Any], base: Any = None) -> tuple[dict[str, A
     return args, unsupported
 
 
+# timm ``SwinTransformer`` keyword arguments that are SwinConfig fields of the same name
+SWIN_SAME_ARGS = {
+    "img_size", "patch_size", "in_chans", "embed_dim", "depths", "num_heads", "window_size",
+    "mlp_ratio", "qkv_bias", "drop_rate", "proj_drop_rate", "attn_drop_rate", "drop_path_rate",
+}  # fmt: skip
+# timm ``SwinTransformer`` keyword arguments our Swin has only at timm's default
+SWIN_FIXED = {"head_dim": None, "always_partition": False, "strict_img_size": True}
+
+
+def swin_args(kwargs: dict[str, Any], base: Any = None) -> tuple[dict[str, Any], list[str]]:
+    """timm ``SwinTransformer`` kwargs -> ``(SwinConfig args, what we cannot express)``:
+    ``norm_layer`` a LayerNorm (its eps: ``norm_eps``), ``global_pool`` ``"avg"`` or ``""``."""
+    args: dict[str, Any] = {}
+    unsupported: list[str] = []
+    for key, value in kwargs.items():
+        if key in SWIN_SAME_ARGS:
+            args[key] = tuple(value) if isinstance(value, list) else value
+        elif key == "global_pool" and value in ("avg", ""):
+            args[key] = value
+        elif key == "norm_layer" and (value is None or _is_layer_norm(value)):
+            args["norm_eps"] = 1e-5 if _layer_norm_eps(value) is None else _layer_norm_eps(value)
+        elif key in SWIN_FIXED and SWIN_FIXED[key] == value:
+            continue
+        else:
+            unsupported.append(f"{key}={_describe(value)}")
+    return args, unsupported
+
+
+def _is_layer_norm(value: Any) -> bool:
+    """torch's or timm's LayerNorm class, or a ``partial`` of it with only ``eps``."""
+    if _layer_norm_eps(value) is not None:
+        return True
+    return getattr(value, "__name__", "") == "LayerNorm" and getattr(
+        value, "__module__", ""
+    ).startswith(("timm.layers", "torch.nn.modules.normalization"))
+
+
 def _vit_translator(kwargs: dict[str, Any], base: Any = None) -> tuple[dict[str, Any], list[str]]:
     return vit_args(kwargs)
 
@@ -244,6 +283,7 @@ TIMM_TRANSLATORS = {
     "eva": eva_args,
     "vitamin": vitamin_args,
     "convnext": convnext_args,
+    "swin_transformer": swin_args,
 }
 
 
@@ -260,6 +300,7 @@ TIMM_NAMES: dict[str, dict[str, str]] = {
     },  # fmt: skip
     "vitamin": {"act": "act_layer", "pos_embed": "pos_embed"},
     "convnext": {"kernel_size": "kernel_sizes", "norm_eps": "norm_eps"},
+    "swin_transformer": {},
 }
 _EVA_MLP = ("act", "mlp_gate_last", "mlp_inner_norm")  # timm: swiglu_mlp + scale_mlp
 _VITAMIN_STEM = ("stem_width", "conv_dims", "conv_depths")  # timm: embed_cfg
@@ -290,7 +331,8 @@ def timm_kwargs(module: str, config: Any, base: Any) -> dict[str, Any]:
             "stem_width": config.stem_width,
         }
         diff = {k: v for k, v in diff.items() if k not in _VITAMIN_STEM}
-    same = CONVNEXT_SAME_ARGS if module == "convnext" else SAME_ARGS | {"global_pool"}
+    same = {"convnext": CONVNEXT_SAME_ARGS, "swin_transformer": SWIN_SAME_ARGS | {"global_pool"}}
+    same = same.get(module, SAME_ARGS | {"global_pool"})
     names = TIMM_NAMES.get(module, {})
     bad = [k for k in diff if k not in names and k not in same]
     if bad:

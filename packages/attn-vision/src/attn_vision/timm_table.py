@@ -9,9 +9,9 @@ why the rest of timm's ViTs are not built (``unsupported``). The ViT entries are
 timm's own model entrypoints (modules ``vision_transformer``, ``deit`` and ``eva``): each
 is called with timm's builder replaced by a recorder of its keyword arguments, which
 :mod:`attn_vision.timm_args` translates -- or names what our config cannot express yet.
-timm's ``vitamin`` and ``convnext`` entrypoints are recorded the same way
-(:func:`timm_vitamin_args`, :func:`timm_convnext_args`): those presets are written out in
-the registry and tests check them against these.
+timm's ``vitamin``, ``convnext`` and ``swin_transformer`` entrypoints are recorded the same
+way (:func:`timm_vitamin_args`, :func:`timm_convnext_args`, :func:`timm_swin_args`): those
+presets are written out in the registry and tests check them against these.
 
 Regenerate after upgrading timm or adding a Swin / ResNet preset::
 
@@ -43,6 +43,7 @@ __all__ = [
     "timm_convnext_args",
     "timm_eva_args",
     "timm_pretrained_table",
+    "timm_swin_args",
     "timm_vit_args",
     "timm_vitamin_args",
 ]
@@ -116,7 +117,8 @@ def timm_vit_args() -> dict[str, tuple[dict[str, Any], list[str]]]:
 
 
 # timm modules recorded whole (every architecture), with the builder their entrypoints call
-BUILDERS = {"eva": "_create_eva", "vitamin": "_create_vitamin", "convnext": "_create_convnext"}
+BUILDERS = {"eva": "_create_eva", "vitamin": "_create_vitamin", "convnext": "_create_convnext",
+            "swin_transformer": "_create_swin_transformer"}  # fmt: skip
 
 
 @functools.cache
@@ -144,6 +146,11 @@ def timm_vitamin_args() -> dict[str, tuple[dict[str, Any], list[str]]]:
 def timm_convnext_args() -> dict[str, tuple[dict[str, Any], list[str]]]:
     """``arch -> convnext_args(kwargs)`` for every timm architecture in ``convnext``."""
     return _translated("convnext", timm_module_kwargs("convnext"))
+
+
+def timm_swin_args() -> dict[str, tuple[dict[str, Any], list[str]]]:
+    """``arch -> swin_args(kwargs)`` for every timm architecture in ``swin_transformer``."""
+    return _translated("swin_transformer", timm_module_kwargs("swin_transformer"))
 
 
 def _pretrained_entry(arch: str) -> dict[str, Any]:
