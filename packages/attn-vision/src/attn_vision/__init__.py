@@ -1,5 +1,5 @@
-"""attn_vision: ViT, Swin, ResNet, ConvNeXt, ViTamin and channel/spatial attention on attn_core,
-loading timm weights.
+"""attn_vision: ViT, Swin, ResNet, ConvNeXt, ViTamin, FastViT / MobileCLIP's MCi and
+channel/spatial attention on attn_core, loading timm weights.
 
 The ViT presets are timm's whole ``VisionTransformer`` family that our config expresses
 (ViT, DeiT, DeiT-3, DINOv2 (+ registers), SigLIP, CLIP-trained ViTs, ...): see
@@ -11,6 +11,10 @@ Quick start::
     model = attn_vision.create_model("vit_base_patch16_224", pretrained=True)  # eval mode
     transform = attn_vision.create_transform(model)
     logits = model(transform(image)[None])
+
+FastViT / MCi models (``fastvit_*``) and the MCi ViT (``vit_base_mci_224``) train with
+multi-branch blocks and run folded: ``model.reparameterize()`` merges every branch, BatchNorm
+and layer scale into single convolutions (in place; ``save_pretrained`` keeps it folded).
 
 Names are imported on first use, and nothing here imports timm, open_clip, transformers
 or torchvision: building a model or loading one from a local file stays light. Weights
@@ -36,11 +40,15 @@ _EXPORTS = {
         "create_attn",
     ],
     "convert": [
+        "convert_timm_fastvit",
         "convert_timm_resnet",
         "convert_timm_swin",
         "convert_timm_vit",
+        "convert_timm_vit_mci",
         "convert_timm_vitamin",
     ],
+    "fastvit": ["FastVit", "FastVitConfig"],
+    "mobileone": ["MobileOneBlock", "ReparamLargeKernelConv"],
     "patch_embed": ["PatchEmbed", "resample_abs_pos_embed"],
     "pretrained": ["PretrainedLocation", "get_pretrained_cfg", "resolve_pretrained"],
     "registry": [
@@ -61,6 +69,7 @@ _EXPORTS = {
         "save_attention_heatmap",
     ],
     "vit": ["VisionTransformer", "ViTConfig"],
+    "vit_mci": ["MciVisionTransformer", "MciViTConfig"],
     "vitamin": ["Vitamin", "VitaminConfig"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
@@ -93,11 +102,15 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
         create_attn,
     )
     from .convert import (
+        convert_timm_fastvit,
         convert_timm_resnet,
         convert_timm_swin,
         convert_timm_vit,
+        convert_timm_vit_mci,
         convert_timm_vitamin,
     )
+    from .fastvit import FastVit, FastVitConfig
+    from .mobileone import MobileOneBlock, ReparamLargeKernelConv
     from .patch_embed import PatchEmbed, resample_abs_pos_embed
     from .pretrained import PretrainedLocation, get_pretrained_cfg, resolve_pretrained
     from .registry import (
@@ -118,4 +131,5 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
         save_attention_heatmap,
     )
     from .vit import VisionTransformer, ViTConfig
+    from .vit_mci import MciVisionTransformer, MciViTConfig
     from .vitamin import Vitamin, VitaminConfig

@@ -22,6 +22,16 @@ Fixes applied, as timm applies them when it loads its own checkpoints:
 * ViTamin: timm's names are ours; an open_clip ViTamin checkpoint (what timm's Hub tags
   hold) is read as timm reads it: the ``visual.trunk.*`` tensors, ``visual.head.proj`` as
   the classifier with a zero bias, the text tower left out.
+* FastViT / MCi: timm's names are ours. timm's *reparameterized* layout
+  (``timm.utils.reparameterize_model``: ``reparam_conv`` keys) is folded the rest of the way,
+  as :meth:`attn_vision.fastvit.FastVit.reparameterize` folds: each ConvMlp's BatchNorm into
+  its conv, an attention block's BatchNorm pre-norm into its ``qkv`` (which gains a bias), the
+  block layer scales into ``mlp.fc2`` / ``token_mixer.proj``. Apple's original layout
+  (ml-fastvit's ``network.{i}``, ``rbr_conv``, ...; MobileCLIP's ``image_encoder.model.*``,
+  its ``head.proj`` projection as the classifier with a zero bias) is renamed as timm renames
+  it, and so is the ``module.visual.trunk.*`` prefix of MobileCLIP training checkpoints.
+* MCi ViT (``vit_base_mci_224``): the ViT's fixes; a folded model gets the stem's
+  BatchNorms folded into its convs (timm never folds them).
 * Swin: non-persistent buffers (``relative_position_index``, ``attn_mask``) are
   dropped; the original Microsoft layout (patch merging at the *end* of a stage) is
   re-indexed to timm's (at the *start*); ``head.fc`` becomes ``head``.
@@ -29,6 +39,7 @@ Fixes applied, as timm applies them when it loads its own checkpoints:
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Callable, Mapping
 
@@ -37,20 +48,27 @@ from attn_core.hub import CheckpointError
 from torch import nn
 
 from .convnext import ConvNeXt, ConvNeXtConfig
+from .fastvit import FastVit, FastVitConfig
+from .mobileone import bn_scale_shift
 from .patch_embed import resample_abs_pos_embed
 from .resnet import ResNet, ResNetConfig
 from .swin import SwinConfig, SwinTransformer
 from .vit import VisionTransformer, ViTConfig
+from .vit_mci import MciVisionTransformer, MciViTConfig
 from .vitamin import Vitamin, VitaminConfig
 
 __all__ = [
     "check_state_dict",
+    "apple_fastvit_to_timm",
     "convert_timm_convnext",
+    "convert_timm_fastvit",
     "convert_timm_resnet",
     "convert_timm_swin",
     "convert_timm_vit",
+    "convert_timm_vit_mci",
     "convert_timm_vitamin",
     "eva_to_vit",
+    "fold_fastvit_reparameterized",
     "expected_state_dict_shapes",
 ]
 
@@ -100,14 +118,16 @@ def check_state_dict(
         lines.append(f"  unexpected keys ({len(unexpected)}): {_first(unexpected)}")
     if mismatched:
         lines.append(f"  shape mismatches ({len(mismatched)}): {_first(mismatched, '; ')}")
-    for head in ("head.weight", "fc.weight"):
+    for head in ("head.weight", "fc.weight", "head.fc.weight"):
         if head in state_dict and head in expected and state_dict[head].shape != expected[head]:
             n = state_dict[head].shape[0]
             lines.append(
                 f"  hint: the checkpoint's classifier has {n} classes; pass num_classes={n}"
             )
-    if any(k.startswith("blocks.") or k.startswith("layers.") for k in missing + unexpected):
+    if any(k.startswith(("blocks.", "layers.")) for k in missing + unexpected):
         lines.append("  hint: does depth / depths match the checkpoint?")
+    elif any(re.match(r"stages\.\d+\.blocks\.", k) for k in missing + unexpected):
+        lines.append("  hint: do depths / layers match the checkpoint?")
     raise CheckpointError("\n".join(lines))
 
 
@@ -217,3 +237,154 @@ def convert_timm_convnext(
     out = _unwrap(state_dict)
     check_state_dict(out, expected_state_dict_shapes(ConvNeXt, config), "timm ConvNeXt")
     return out
+
+
+# --- FastViT / MCi -------------------------------------------------------------------------
+_BN_KEYS = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
+
+
+def _pop_bn(sd: StateDict, prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Remove BatchNorm ``prefix`` from ``sd``; its ``(scale, shift)`` (float64)."""
+    bn = {k: sd.pop(prefix + k, None) for k in _BN_KEYS}
+    missing = [prefix + k for k in _BN_KEYS[:4] if bn[k] is None]
+    if missing:
+        raise CheckpointError(f"BatchNorm {prefix[:-1]!r} is incomplete: missing {missing}")
+    return bn_scale_shift(bn["weight"], bn["bias"], bn["running_mean"], bn["running_var"])
+
+
+def _fold_conv_bn(sd: StateDict, conv: str, bn: str) -> None:
+    """``{conv}weight`` (no bias) followed by BatchNorm ``bn`` -> ``{conv}weight`` / ``bias``."""
+    scale, shift = _pop_bn(sd, bn)
+    weight = sd[conv + "weight"]
+    sd[conv + "weight"] = (weight.double() * scale[:, None, None, None]).to(weight.dtype)
+    sd[conv + "bias"] = shift.to(weight.dtype)
+
+
+def _scale_outputs(sd: StateDict, layer: str, gamma: torch.Tensor) -> None:
+    """Layer ``layer``'s outputs (a conv's or Linear's) times ``gamma``, in its tensors."""
+    gamma = gamma.double().flatten()
+    for kind in ("weight", "bias"):
+        t = sd[layer + kind]
+        sd[layer + kind] = (t.double() * gamma.view(-1, *[1] * (t.ndim - 1))).to(t.dtype)
+
+
+_LAYER_SCALE_TARGETS = {"": "mlp.fc2.", "_1": "token_mixer.proj.", "_2": "mlp.fc2."}
+
+
+def fold_fastvit_reparameterized(state_dict: Mapping[str, torch.Tensor]) -> StateDict:
+    """timm's reparameterized FastViT state dict -> ours (what
+    :meth:`~attn_vision.fastvit.FastVit.reparameterize` folds beyond timm): ConvMlp
+    BatchNorms into their convs, BatchNorm pre-norms into ``qkv``, block layer scales
+    into ``mlp.fc2`` / ``token_mixer.proj``. Other keys pass unchanged (so does our own
+    folded layout)."""
+    sd = dict(state_dict)
+    block = r"(stages\.\d+\.blocks\.\d+\.)"
+    for key in sorted(state_dict):
+        if m := re.fullmatch(r"(.*\.mlp\.conv\.)bn\.running_mean", key):
+            _fold_conv_bn(sd, m[1] + "conv.", m[1] + "bn.")
+        elif m := re.fullmatch(block + r"norm\.running_mean", key):  # qkv(x * scale + shift)
+            scale, shift = _pop_bn(sd, m[1] + "norm.")
+            qkv = m[1] + "token_mixer.qkv."
+            weight = sd[qkv + "weight"]
+            bias = weight.double() @ shift
+            if qkv + "bias" in sd:
+                bias = bias + sd[qkv + "bias"].double()
+            sd[qkv + "weight"] = (weight.double() * scale).to(weight.dtype)
+            sd[qkv + "bias"] = bias.to(weight.dtype)
+    for key in sorted(state_dict):
+        if m := re.fullmatch(block + r"layer_scale(|_1|_2)\.gamma", key):
+            _scale_outputs(sd, m[1] + _LAYER_SCALE_TARGETS[m[2]], sd.pop(key))
+    return sd
+
+
+# Apple's names -> timm's (the order matters: ``se.reduce`` before anything else touches it)
+_APPLE_NAMES = (
+    ("patch_embed", "stem"),
+    ("rbr_conv", "conv_kxk"),
+    ("rbr_scale", "conv_scale"),
+    ("rbr_skip", "identity"),
+    ("conv_exp", "final_conv"),
+    ("lkb_origin", "large_conv"),
+    ("convffn", "mlp"),
+    ("se.reduce", "se.fc1"),
+    ("se.expand", "se.fc2"),
+)
+
+
+def apple_fastvit_to_timm(state_dict: Mapping[str, torch.Tensor], num_classes: int) -> StateDict:
+    """Apple's FastViT layout (ml-fastvit; MobileCLIP's ``image_encoder.model.*``) -> timm's,
+    as timm's ``checkpoint_filter_fn`` renames it: the flat ``network.{n}`` list becomes
+    ``stages.{i}`` (a ``network.{n}.proj`` entry starts a stage: its ``downsample``; ``pe``:
+    its ``pos_emb.pos_enc``; the rest its ``blocks``). MobileCLIP's ``head.proj`` ``(C, K)``
+    projection becomes ``head.fc`` with a zero bias (dropped when ``num_classes`` is 0)."""
+    sd = dict(state_dict)
+    prefix = "image_encoder.model."
+    if any(k.startswith(prefix) for k in sd):
+        sd = {k[len(prefix) :]: v for k, v in sd.items() if k.startswith(prefix)}
+    ends = sorted({int(m[1]) for k in sd if (m := re.match(r"network\.(\d+)\.proj", k))})
+    out: StateDict = {}
+    for key, value in sd.items():
+        for old, new in _APPLE_NAMES:
+            key = key.replace(old, new)
+        key = re.sub(r"layer_scale(_\d)?$", r"layer_scale\1.gamma", key)
+        if key == "head.proj":
+            if num_classes > 0:
+                out["head.fc.weight"] = value.T.contiguous()
+                out["head.fc.bias"] = value.new_zeros(value.shape[1])
+            continue
+        if key.startswith("head."):
+            key = "head.fc." + key[len("head.") :]
+        if m := re.match(r"network\.(\d+)\.", key):
+            n, rest = int(m[1]), key[m.end() :]
+            stage = f"stages.{bisect.bisect_right(ends, n)}."
+            if rest.startswith("proj."):
+                key = stage + "downsample." + rest
+            elif rest.startswith("pe."):
+                key = stage + "pos_emb.pos_enc." + rest[len("pe.") :]
+            else:
+                key = stage + "blocks." + rest
+        out[key] = value
+    return out
+
+
+def convert_timm_fastvit(
+    state_dict: Mapping[str, torch.Tensor], config: FastVitConfig
+) -> StateDict:
+    """timm ``FastVit`` state dict (unfolded, or reparameterized), Apple's original or
+    our own folded one -> :class:`~attn_vision.fastvit.FastVit`. The checkpoint's layout
+    must be the model's: ``reparam_conv`` keys need ``inference_mode=True``, and the
+    branches ``inference_mode=False`` (fold the loaded model with ``reparameterize()``)."""
+    sd, trunk = _unwrap(state_dict), "module.visual.trunk."
+    if any(k.startswith(trunk) for k in sd):  # a MobileCLIP training checkpoint (as timm)
+        sd = {k[len(trunk) :]: v for k, v in sd.items() if k.startswith(trunk)}
+    if "stem.0.conv_kxk.0.conv.weight" not in sd and any(
+        k.startswith(("network.", "image_encoder.model.")) for k in sd
+    ):
+        sd = apple_fastvit_to_timm(sd, config.num_classes)
+    folded = any(".reparam_conv." in k for k in sd)
+    if folded != config.inference_mode:
+        layout = "reparameterized (reparam_conv)" if folded else "multi-branch (unfolded)"
+        fix = ("build the model with inference_mode=True" if folded else
+               "build it with inference_mode=False, then call model.reparameterize()")  # fmt: skip
+        raise CheckpointError(
+            f"timm FastViT checkpoint is {layout} but the model has inference_mode="
+            f"{config.inference_mode}: {fix}"
+        )
+    if folded:
+        sd = fold_fastvit_reparameterized(sd)
+    check_state_dict(sd, expected_state_dict_shapes(FastVit, config), "timm FastViT")
+    return sd
+
+
+def convert_timm_vit_mci(state_dict: Mapping[str, torch.Tensor], config: MciViTConfig) -> StateDict:
+    """timm ``vit_base_mci_224`` state dict -> :class:`~attn_vision.vit_mci.MciVisionTransformer`
+    (the stem's BatchNorms folded into its convs when the model is folded)."""
+    sd, stem = _unwrap(state_dict), "patch_embed.backbone."
+    has_bn = f"{stem}0.bn.running_mean" in sd
+    if config.inference_mode and has_bn:
+        for i in (0, 1):
+            _fold_conv_bn(sd, f"{stem}{i}.conv.", f"{stem}{i}.bn.")
+    elif not config.inference_mode and not has_bn and f"{stem}0.conv.bias" in sd:
+        raise CheckpointError("the MCi ViT checkpoint has its stem folded (no BatchNorms): build "
+                              "the model with inference_mode=True")  # fmt: skip
+    return _vit_state_dict(sd, config, MciVisionTransformer, "timm MCi ViT")

@@ -47,8 +47,11 @@ elsewhere the same calls run the modules.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.utils.checkpoint
@@ -77,6 +80,7 @@ __all__ = [
     "RepMixer",
     "RepMixerBlock",
     "ReparamLargeKernelConv",
+    "fastvit_args",
 ]
 
 TOKEN_MIXERS = ("repmixer", "attention")
@@ -489,7 +493,7 @@ class FastVit(nn.Module):
                 fold(child)
 
         fold(self)
-        self.config.inference_mode = True
+        self.config = dataclasses.replace(self.config, inference_mode=True)  # (a new config)
         return self
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
@@ -533,3 +537,73 @@ class FastVit(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
+
+
+# --- timm's keyword arguments ----------------------------------------------------------------
+# timm FastVit kwargs that are FastVitConfig fields of the same name and meaning
+SAME_ARGS = {
+    "layers", "embed_dims", "token_mixers", "downsamples", "se_downsamples",
+    "repmixer_kernel_size", "down_patch_size", "down_stride", "layer_scale_init_value",
+    "lkc_use_act", "stem_use_scale_branch", "cls_ratio", "in_chans", "num_classes",
+    "drop_rate", "proj_drop_rate", "drop_path_rate", "inference_mode",
+}  # fmt: skip
+TIMM_LAYER_NORM_EPS = 1e-6  # timm's LayerNorm2d default
+
+
+def _named(value: Any) -> tuple[str, dict[str, Any]]:
+    """``(class name, partial keywords)`` of a layer class or a ``functools.partial`` of one."""
+    if isinstance(value, functools.partial) and not value.args:
+        return getattr(value.func, "__name__", ""), dict(value.keywords)
+    return getattr(value, "__name__", repr(value)), {}
+
+
+def fastvit_args(kwargs: dict[str, Any], base: Any = None) -> tuple[dict[str, Any], list[str]]:
+    """timm ``FastVit`` kwargs -> ``(FastVitConfig args, what we cannot express)``.
+
+    ``pos_embs`` entries (``RepConditionalPosEnc`` or a ``partial`` of it with a square
+    ``spatial_shape``) become kernel sizes; ``norm_layer`` (``BatchNorm2d``, timm's
+    ``LayerNorm2d`` or a ``partial`` with ``eps``) becomes ``norm_layer`` / ``norm_eps``.
+    Layer classes are recognized by name (timm is not imported). ``base`` is unused (the
+    translators' common signature)."""
+    args: dict[str, Any] = {}
+    unsupported: list[str] = []
+    for key, value in kwargs.items():
+        if key in SAME_ARGS:
+            args[key] = tuple(value) if isinstance(value, list | tuple) else value
+        elif key == "mlp_ratios":
+            args[key] = tuple(float(r) for r in value)
+        elif key == "global_pool" and value in GLOBAL_POOLS:
+            args[key] = value
+        elif key == "pos_embs":
+            kernels = []
+            for layer in value:
+                name, kw = _named(layer) if layer is not None else ("", {})
+                shape = kw.get("spatial_shape", (7, 7))
+                shape = (shape, shape) if isinstance(shape, int) else tuple(shape)
+                if layer is None:
+                    kernels.append(None)
+                elif (
+                    name == "RepConditionalPosEnc"
+                    and set(kw) <= {"spatial_shape"}
+                    and (shape[0] == shape[1])
+                ):
+                    kernels.append(shape[0])
+                else:
+                    unsupported.append(f"pos_embs entry {layer!r}")
+            args[key] = tuple(kernels)
+        elif key == "norm_layer":
+            name, kw = _named(value)
+            if name == "BatchNorm2d" and not kw:
+                args[key] = "batchnorm"
+            elif name == "LayerNorm2d" and set(kw) <= {"eps"}:
+                args.update(norm_layer="layernorm2d",
+                            norm_eps=float(kw.get("eps", TIMM_LAYER_NORM_EPS)))  # fmt: skip
+            else:
+                unsupported.append(f"norm_layer={value!r}")
+        elif (key == "act_layer" and _named(value) == ("GELU", {})) or (
+            key == "fork_feat" and not value
+        ):
+            continue  # (FastViT's only activation; the classification layout)
+        else:
+            unsupported.append(f"{key}={value!r}")
+    return args, unsupported

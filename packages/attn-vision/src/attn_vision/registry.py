@@ -26,11 +26,13 @@ A folder written by :func:`save_pretrained` holds ``config.json`` and
 ``model.safetensors`` (attn_vision's state dict); ``config.json`` is::
 
     {"architecture": "vit_tiny_patch16_224",  # the preset (null for a hand-built model)
-     "family": "vit",                          # "vit", "swin", "resnet", "convnext", "vitamin"
+     "family": "vit",                          # a key of FAMILIES: "vit", "swin", "fastvit", ...
      "model_args": {...},                      # every field of the config dataclass
      "pretrained_cfg": {...}}                  # model.pretrained_cfg (preprocessing)
 
 and is read strictly: unknown keys are refused by name (``attn_core.hub.CheckpointError``).
+A reparameterized FastViT / MCi model (``model.reparameterize()``) saves
+``"inference_mode": true`` in its ``model_args`` and loads back folded.
 """
 
 from __future__ import annotations
@@ -50,12 +52,15 @@ from torch import nn
 from .constants import DEFAULT_CROP_PCT, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from .convert import (
     convert_timm_convnext,
+    convert_timm_fastvit,
     convert_timm_resnet,
     convert_timm_swin,
     convert_timm_vit,
+    convert_timm_vit_mci,
     convert_timm_vitamin,
 )
 from .convnext import ConvNeXt, ConvNeXtConfig
+from .fastvit import FastVit, FastVitConfig, fastvit_args
 from .pretrained import (
     get_pretrained_cfg,
     pretrained_tags,
@@ -66,6 +71,7 @@ from .resnet import ResNet, ResNetConfig
 from .swin import SwinConfig, SwinTransformer
 from .timm_args import TIMM_TRANSLATORS
 from .vit import VisionTransformer, ViTConfig
+from .vit_mci import MciVisionTransformer, MciViTConfig
 from .vitamin import Vitamin, VitaminConfig
 
 __all__ = [
@@ -99,13 +105,22 @@ FAMILIES: dict[str, tuple[type, type[nn.Module], Any]] = {
     "resnet": (ResNetConfig, ResNet, convert_timm_resnet),
     "convnext": (ConvNeXtConfig, ConvNeXt, convert_timm_convnext),
     "vitamin": (VitaminConfig, Vitamin, convert_timm_vitamin),
+    "fastvit": (FastVitConfig, FastVit, convert_timm_fastvit),
+    "vit_mci": (MciViTConfig, MciVisionTransformer, convert_timm_vit_mci),
 }
 
 
 # family -> the timm module of its entrypoints (a ViT preset's is in the table: ``eva`` or
 # ``vision_transformer`` / ``deit``)
 TIMM_MODULES = {"swin": "swin_transformer", "resnet": "resnet", "convnext": "convnext",
-                "vitamin": "vitamin"}  # fmt: skip
+                "vitamin": "vitamin", "fastvit": "fastvit",
+                "vit_mci": "vision_transformer_hybrid"}  # fmt: skip
+# timm module -> the translator of its keyword arguments (timm_args' and these)
+_TRANSLATORS = {
+    **TIMM_TRANSLATORS,
+    "fastvit": fastvit_args,
+    "vision_transformer_hybrid": TIMM_TRANSLATORS["vision_transformer"],  # (the ViT's kwargs)
+}
 
 
 @dataclass(frozen=True)
@@ -260,6 +275,50 @@ for _size, (_stem, _dims, _width, _depth, _heads) in _VITAMINS.items():
             pos_embed=_pos, **_args,
         )  # fmt: skip
 
+
+# timm's FastViT (RepMixer stages, then attention stages with a conditional position
+# encoding: "sa" / "ma") and MobileCLIP's MCi image encoders (Squeeze-Excite downsampling,
+# a GELU after the large-kernel conv; MCi3 / MCi4: 5 stages, LayerNorm2d attention, no
+# scale branches in the stem)
+def _fastvit(
+    layers: tuple[int, ...],
+    dims: tuple[int, ...],
+    mlp_ratio: float,
+    attention_stages: int = 0,
+    **args: Any,
+) -> dict[str, Any]:
+    """FastVitConfig fields: RepMixer stages, then ``attention_stages`` (each with a 7x7
+    conditional position encoding)."""
+    n = len(layers)
+    mixers = ("repmixer",) * (n - attention_stages) + ("attention",) * attention_stages
+    pos_embs = (None,) * (n - attention_stages) + (7,) * attention_stages
+    return dict(layers=layers, embed_dims=dims, mlp_ratios=(float(mlp_ratio),) * n,
+                token_mixers=mixers, pos_embs=pos_embs, **args)  # fmt: skip
+
+
+_FV_DIMS = (64, 128, 256, 512)
+_MCI = dict(se_downsamples=(False, False, True, True), lkc_use_act=True)
+_MCI_L = dict(downsamples=(False, True, True, True, True), se_downsamples=(False,) * 5,
+              lkc_use_act=True, norm_layer="layernorm2d", stem_use_scale_branch=False)  # fmt: skip
+_FASTVITS = {
+    "fastvit_t8": _fastvit((2, 2, 4, 2), (48, 96, 192, 384), 3),
+    "fastvit_t12": _fastvit((2, 2, 6, 2), _FV_DIMS, 3),
+    "fastvit_s12": _fastvit((2, 2, 6, 2), _FV_DIMS, 4),
+    "fastvit_sa12": _fastvit((2, 2, 6, 2), _FV_DIMS, 4, 1),
+    "fastvit_sa24": _fastvit((4, 4, 12, 4), _FV_DIMS, 4, 1),
+    "fastvit_sa36": _fastvit((6, 6, 18, 6), _FV_DIMS, 4, 1),
+    "fastvit_ma36": _fastvit((6, 6, 18, 6), (76, 152, 304, 608), 4, 1),
+    "fastvit_mci0": _fastvit((2, 6, 10, 2), _FV_DIMS, 3, 1, **_MCI),
+    "fastvit_mci1": _fastvit((4, 12, 20, 4), _FV_DIMS, 3, 1, **_MCI),
+    "fastvit_mci2": _fastvit((4, 12, 24, 4), (80, 160, 320, 640), 3, 1, **_MCI),
+    "fastvit_mci3": _fastvit((2, 12, 24, 4, 2), (96, 192, 384, 768, 1536), 4, 2, **_MCI_L),
+    "fastvit_mci4": _fastvit((2, 12, 24, 4, 4), (128, 256, 512, 1024, 2048), 4, 2, **_MCI_L),
+}
+for _name, _args in _FASTVITS.items():
+    register_model(_name, "fastvit", **_args)
+# MobileCLIP-B's image encoder: a ViT-B/16 on the MCi conv stem (the config's defaults)
+register_model("vit_base_mci_224", "vit_mci")
+
 for _attn in ("se", "eca", "cbam", "coord"):
     register_model(f"resnet18_{_attn}", "resnet", timm_weights=False, attn_layer=_attn)
     register_model(
@@ -341,11 +400,11 @@ def timm_model_config(
     spec = get_model_spec(name)
     args: dict[str, Any] = {}
     if timm_kwargs:
-        translate = TIMM_TRANSLATORS.get(spec.timm_module)
+        translate = _TRANSLATORS.get(spec.timm_module)
         if translate is None:
             raise ValueError(
                 f"timm keyword arguments of {name!r} ({spec.family}) are not translated; only "
-                f"those of the {sorted(TIMM_TRANSLATORS)} presets"
+                f"those of the {sorted(_TRANSLATORS)} presets"
             )
         args, unsupported = translate(timm_kwargs, get_model_config(name))
         if unsupported:

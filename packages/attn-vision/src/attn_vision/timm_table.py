@@ -42,6 +42,7 @@ __all__ = [
     "main",
     "timm_convnext_args",
     "timm_eva_args",
+    "timm_fastvit_args",
     "timm_pretrained_table",
     "timm_swin_args",
     "timm_vit_args",
@@ -118,7 +119,8 @@ def timm_vit_args() -> dict[str, tuple[dict[str, Any], list[str]]]:
 
 # timm modules recorded whole (every architecture), with the builder their entrypoints call
 BUILDERS = {"eva": "_create_eva", "vitamin": "_create_vitamin", "convnext": "_create_convnext",
-            "swin_transformer": "_create_swin_transformer"}  # fmt: skip
+            "swin_transformer": "_create_swin_transformer",
+            "fastvit": "_create_fastvit"}  # fmt: skip
 
 
 @functools.cache
@@ -151,6 +153,14 @@ def timm_convnext_args() -> dict[str, tuple[dict[str, Any], list[str]]]:
 def timm_swin_args() -> dict[str, tuple[dict[str, Any], list[str]]]:
     """``arch -> swin_args(kwargs)`` for every timm architecture in ``swin_transformer``."""
     return _translated("swin_transformer", timm_module_kwargs("swin_transformer"))
+
+
+def timm_fastvit_args() -> dict[str, tuple[dict[str, Any], list[str]]]:
+    """``arch -> fastvit_args(kwargs)`` for every timm architecture in ``fastvit`` (the
+    translator lives in :mod:`attn_vision.fastvit`)."""
+    from .fastvit import fastvit_args
+
+    return {arch: fastvit_args(kw) for arch, kw in sorted(timm_module_kwargs("fastvit").items())}
 
 
 def _pretrained_entry(arch: str) -> dict[str, Any]:
@@ -269,10 +279,13 @@ def coverage_report(built: set[str], built_tags: set[str]) -> str:
     lines.append(f"not built, in {', '.join(VIT_MODULES)} ({len(not_built)}):")
     lines += [f"  {a}: {'; '.join(u) or 'not registered'}" for a, u in not_built.items()]
     others = {m: timm.list_models(["vit_*", "deit*"], module=m) for m in timm.list_modules()}
-    others = {m: len(a) for m, a in others.items() if a and m not in VIT_MODULES}
+    others = {m: len(set(a) - built) for m, a in others.items() if m not in VIT_MODULES}
+    others = {m: n for m, n in others.items() if n}
     listed = ", ".join(f"{m} ({n})" for m, n in sorted(others.items()))
     lines.append(f"not built, other timm model classes ({sum(others.values())}): {listed}")
-    for module in ("swin_transformer", "resnet", "convnext", "eva", "vitamin"):  # the others
+    others = ("swin_transformer", "resnet", "convnext", "eva", "vitamin", "fastvit",
+              "vision_transformer_hybrid")  # fmt: skip
+    for module in others:
         archs = [a for a in timm.list_models(module=module) if not a.startswith("test_")]
         tags = hub_tags(archs)
         missing = sorted(set(archs) - built)

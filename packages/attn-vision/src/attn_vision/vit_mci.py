@@ -21,6 +21,7 @@ names are timm's (``patch_embed.backbone.{0,1}.conv`` / ``.bn``,
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -106,5 +107,5 @@ class MciVisionTransformer(VisionTransformer):
         ``config.inference_mode`` (a no-op on a folded model); returns ``self``."""
         for layer in self.patch_embed.backbone:
             layer.reparameterize()
-        self.config.inference_mode = True
+        self.config = dataclasses.replace(self.config, inference_mode=True)  # (a new config)
         return self
