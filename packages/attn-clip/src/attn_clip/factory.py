@@ -29,6 +29,7 @@ contradicts the weights raises, and so does any tensor that does not fit the con
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Mapping
 from dataclasses import asdict, fields, replace
 from pathlib import Path
@@ -60,7 +61,7 @@ from .registry import (
     get_pretrained_cfg,
     list_pretrained_tags,
 )
-from .tokenizer import get_tokenizer
+from .tokenizer import HF_SPECIAL_TOKENS, HF_TOKENIZER_CONFIG, HF_VOCAB_FILES, get_tokenizer
 from .transforms import image_transform
 
 __all__ = [
@@ -412,12 +413,27 @@ def save_pretrained(model: CLIP, directory: str | os.PathLike) -> Path:
 
 def save_config(model: CLIP, directory: str | os.PathLike) -> Path:
     """Write ``open_clip_config.json`` (model and preprocess configs) into ``directory``,
-    atomically: next to weights in any checkpoint folder, ``create_model(<dir>)`` loads it."""
+    atomically: next to weights in any checkpoint folder, ``create_model(<dir>)`` loads it.
+    A Hugging Face tokenizer read from a local folder is copied along (its
+    ``tokenizer_config.json`` and vocabulary files), so the folder keeps working when the
+    tokenizer's folder moves; ``create_model(<dir>)`` then reads it from ``<dir>``."""
     meta = {
         "model_cfg": model.config.to_open_clip(),
         "preprocess_cfg": asdict(model.preprocess_cfg),
     }
+    _copy_tokenizer_files(model.config.text.hf_tokenizer_name, Path(directory))
     return hub.write_json(Path(directory) / "open_clip_config.json", meta)
+
+
+def _copy_tokenizer_files(source: str | None, directory: Path) -> None:
+    if not source or not (Path(source) / HF_TOKENIZER_CONFIG).is_file():
+        return  # none, a hub id (cached by the hub), or a folder the loader would not use
+    if Path(source).resolve() == directory.resolve():
+        return
+    for name in (HF_TOKENIZER_CONFIG, HF_SPECIAL_TOKENS, *HF_VOCAB_FILES, "merges.txt"):
+        if (Path(source) / name).is_file():  # (not config.json: a model's, not ours)
+            with hub.atomic_path(directory / name) as tmp:
+                shutil.copyfile(Path(source) / name, tmp)
 
 
 def save_weights(model: CLIP, path: str | os.PathLike, dtype: torch.dtype | None = None) -> Path:
