@@ -9,7 +9,8 @@ each reference built once per module and only read. EVA02-B-16: 2D RoPE, SwiGLU 
 separate ``fc1_x`` / ``fc1_g``, inner norms, separate ``q_proj`` / ``k_proj`` / ``v_proj``;
 EVA01-g-14: a plain ViT with a fused ``qkv`` and ``q_bias`` / ``v_bias``, 1408 wide;
 EVA02-L-14-336: the RoPE positions of its 24 x 24 grid scaled onto the 16 x 16 reference
-grid. The names and shapes of every config at full depth are checked on the meta device
+grid; EVA02-E-14: timm's residual post-norm blocks (``x + norm(branch(x))``), 4 heads of its
+real 112 channels. The names and shapes of every config at full depth are checked on the meta device
 in test_convert.py."""
 
 from __future__ import annotations
@@ -36,7 +37,11 @@ CASES = [
     ("EVA02-B-16", "open_clip_model.safetensors"),
     ("EVA01-g-14", "open_clip_pytorch_model.bin"),
     ("EVA02-L-14-336", "open_clip_model.safetensors"),
+    ("EVA02-E-14", "open_clip_model.safetensors"),
 ]
+ROPE = ("EVA02-B-16", "EVA02-L-14-336")  # (the others: a fused qkv with q_bias / v_bias)
+# timm arguments (and our vision overrides) that also cut a tower's width
+NARROW = {"EVA02-E-14": ({"embed_dim": 448, "num_heads": 4}, {"width": 448, "head_width": 112})}
 
 
 def _open_clip_config(name: str) -> dict:
@@ -52,7 +57,9 @@ def _open_clip_eva(name: str, custom_text: bool = True) -> torch.nn.Module:
     cfg = _open_clip_config(name)
     model_cls = open_clip.model.CustomTextCLIP if custom_text else open_clip.model.CLIP
     with pytest.MonkeyPatch.context() as mp, torch.random.fork_rng():
-        mp.setattr(timm, "create_model", functools.partial(timm.create_model, depth=DEPTH))
+        narrow = NARROW.get(name, ({}, {}))[0]
+        shrunk = functools.partial(timm.create_model, depth=DEPTH, **narrow)
+        mp.setattr(timm, "create_model", shrunk)
         torch.manual_seed(0)
         ref = model_cls(**cfg)
     with torch.no_grad():
@@ -69,6 +76,11 @@ def _normalize(x: torch.Tensor) -> torch.Tensor:
 
 
 OVERRIDES = {"vision": {"layers": DEPTH}, "text": {"layers": DEPTH, "vocab_size": SMALL_VOCAB}}
+
+
+def _overrides(name: str) -> dict:
+    vision = {**OVERRIDES["vision"], **NARROW.get(name, ({}, {}))[1]}
+    return {**OVERRIDES, "vision": vision}
 
 
 @pytest.fixture(scope="module")
@@ -88,12 +100,13 @@ def test_open_clip_eva_checkpoint_files(tmp_path, reference, name, filename, h):
     assert not torch.allclose(ref_image[0], ref_image[1])  # the images tell apart
     sd = ref.state_dict()
     assert "visual.trunk.head.bias" in sd  # timm's classifier is the projection
-    rope = name.startswith("EVA02")
+    rope = name in ROPE
     assert ("visual.trunk.blocks.0.attn.k_proj.weight" in sd) == rope  # else a fused qkv
     path = h.save_checkpoint(sd, tmp_path / filename)
-    ours = create_model(name, pretrained=path, **OVERRIDES)
+    ours = create_model(name, pretrained=path, **_overrides(name))
     v = ours.config.vision
     assert (v.proj_type, v.eva["rope"], v.eva["qkv_fused"]) == ("head", rope, not rope)
+    assert v.eva["post_norm"] == (name == "EVA02-E-14")
     with torch.no_grad():
         image, text = ours.encode_image(images), ours.encode_text(tokens)
         per_image = ours.logits(_normalize(image), _normalize(text))[0]  # as forward does
@@ -134,8 +147,8 @@ def test_eva_save_pretrained_round_trips_and_loads_in_open_clip(tmp_path, refere
 
 
 def test_eva_configs_and_refusals():
-    """The EVA towers come from the shipped timm_eva table; EVA02-E (timm's post-norm
-    blocks) is refused by name; broken EVA checkpoints are named."""
+    """The EVA towers come from attn_vision's timm Eva presets (EVA02-E's with timm's
+    post-norm blocks, which take no layer scale); what they cannot be is named."""
     b16 = get_model_config("EVA02-B-16")
     v = b16.vision
     assert (v.act, v.mlp_ratio * v.width, v.eva["rope_ref_grid"]) == ("swiglu", 2048, (16, 16))
@@ -147,8 +160,12 @@ def test_eva_configs_and_refusals():
     assert (g14.vision.width, g14.vision.layers, g14.text.width, g14.text.layers) == (
         1408, 40, 1024, 24,
     )  # fmt: skip
-    with pytest.raises(ValueError, match="EVA02-E-14.*cannot be built.*use_post_norm=True"):
-        get_model_config("EVA02-E-14")
+    e14 = get_model_config("EVA02-E-14-plus")
+    assert (e14.vision.width, e14.vision.layers, e14.vision.eva["post_norm"]) == (1792, 64, True)
+    assert (e14.vision.pool_type, e14.vision.ls_init_value, e14.text.width) == ("tok", None, 1280)
+    cfg = open_clip.get_model_config("EVA02-E-14")
+    ls = {**cfg, "vision_cfg": {**cfg["vision_cfg"], "timm_model_args": {"init_values": 0.1}}}
+    assert CLIPConfig.from_open_clip(ls).vision.ls_init_value is None  # (timm ignores it too)
     cfg = open_clip.get_model_config("EVA02-B-16")
     for key, value, match in [
         ("timm_proj", "mlp", "timm_proj='mlp'"),

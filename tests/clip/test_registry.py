@@ -48,7 +48,7 @@ def test_list_models_has_the_clips_attn_clip_builds_and_only_them():
     assert required <= names
     required |= {"xlm-roberta-base-ViT-B-32", "nllb-clip-base-siglip", "mt5-xl-ViT-H-14"}
     assert required <= names
-    excluded = ("coca_roberta-ViT-B-32", "EVA02-E-14", "PE-Core-B-16")
+    excluded = ("coca_roberta-ViT-B-32", "PE-Core-B-16")
     for name in excluded:
         assert name not in names
 
@@ -88,12 +88,12 @@ def test_every_convnext_and_resnet_config_and_tag():
     assert not cx.quick_gelu and cx.preprocess.size == 320
 
 
-def test_every_eva_config_but_eva02_enormous_and_its_tag():
-    """open_clip's EVA-CLIPs (timm Eva towers): all but EVA02-E-14 / -plus (timm's
-    post-norm blocks), each with its one tag; OpenAI mean / std, bicubic, shortest side."""
+def test_every_eva_config_and_its_tag():
+    """open_clip's EVA-CLIPs (timm Eva towers, EVA02-E-14 / -plus with timm's post-norm
+    blocks): all 7, each with its one tag; OpenAI mean / std, bicubic, shortest side."""
     eva = {n for n in open_clip.list_models() if n.startswith("EVA")}
     built = eva & set(list_models())
-    assert eva - built == {"EVA02-E-14", "EVA02-E-14-plus"} and len(built) == 5
+    assert built == eva and len(built) == 7
     tags = [(n, t) for n, t in list_pretrained() if n in built]
     assert tags == [(n, t) for n, t in oc_pretrained.list_pretrained() if n in built]
     src = get_pretrained_cfg("EVA02-L-14-336", "merged2b_s6b_b61k")
@@ -136,7 +136,7 @@ def test_coverage_counts_what_is_listed(capsys):
     assert hf_line in out
     assert "ConvNeXt: 11 of 11 configs, 12 of 12 tags" in out
     assert "OpenAI ResNet (RN*): 10 of 10 configs, 16 of 16 tags" in out
-    assert "EVA-CLIP (EVA01 / EVA02): 5 of 7 configs, 5 of 7 tags" in out
+    assert "EVA-CLIP (EVA01 / EVA02): 7 of 7 configs, 7 of 7 tags" in out
     assert "ViTamin: 15 of 15 configs, 15 of 15 tags" in out
     assert out.strip() in DOCS.read_text(encoding="utf-8"), "docs/clip.md: rerun --coverage"
     assert get_model_config("ViT-B-32-quickgelu").quick_gelu
@@ -207,8 +207,8 @@ def test_known_examples():
 def test_clear_errors():
     with pytest.raises(ValueError, match=r"unknown model 'ViT-B-33'.*did you mean.*ViT-B-32"):
         get_model_config("ViT-B-33")
-    with pytest.raises(ValueError, match="EVA02-E-14.*cannot be built.*use_post_norm"):
-        get_model_config("EVA02-E-14")
+    with pytest.raises(ValueError, match="MobileCLIP-S1.*cannot be built.*fastvit_mci1"):
+        get_model_config("MobileCLIP-S1")
     with pytest.raises(ValueError, match="coca_roberta-ViT-B-32.*cannot be built.*hf_model_name"):
         get_model_config("coca_roberta-ViT-B-32")
     with pytest.raises(ValueError, match="unknown pretrained tag 'nope'.*laion2b_s34b_b79k"):

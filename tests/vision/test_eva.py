@@ -39,7 +39,7 @@ def test_eva_giant_is_a_plain_vit_and_attention_maps_work(timm_checkpoint, asser
 
 def test_presets_and_config():
     names = list_models("eva02*")
-    assert "eva02_large_patch14_448" in names and "eva02_enormous_patch14_clip_224" not in names
+    assert "eva02_large_patch14_448" in names and "eva02_enormous_patch14_clip_224" in names
     c = get_model_config("eva02_large_patch14_clip_224")
     assert (c.rope, c.rope_ref_grid, c.act, c.attn_inner_norm, c.mlp_inner_norm) == (
         True, (16, 16), "swiglu", True, True,

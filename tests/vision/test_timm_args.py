@@ -61,7 +61,7 @@ def test_timm_kwargs_override_a_preset_as_timm_create_model_does() -> None:
     ("name", "kwargs", "match"),
     [
         ("vit_base_patch16_siglip_224", {"qk_norm": True}, "qk_norm=True"),
-        ("eva02_base_patch16_clip_224", {"use_post_norm": True}, "use_post_norm=True"),
+        ("eva02_base_patch16_clip_224", {"qk_norm": True}, "qk_norm=True"),
         ("vitamin_small_224", {"patch_size": 8}, "patch_size=8"),
         (
             "convnext_tiny",
@@ -71,7 +71,7 @@ def test_timm_kwargs_override_a_preset_as_timm_create_model_does() -> None:
         ("convnext_tiny", {"kernel_sizes": [7, 5, 5, 5]}, r"kernel_sizes=\[7, 5, 5, 5\]"),
         ("swin_tiny_patch4_window7_224", {"always_partition": True}, "always_partition=True"),
         ("resnet50", {"layers": [1, 1, 1, 1]}, "not translated"),
-        ("eva02_enormous_patch14_clip_224", {}, "not built by attn_vision.*use_post_norm=True"),
+        ("beit3_base_patch16_224", {}, "not built by attn_vision.*scale_attn_norm=True"),
     ],
 )
 def test_what_we_cannot_build_is_named(name, kwargs, match) -> None:
@@ -91,6 +91,8 @@ INVERSE_CASES = [
     ("deit_small_distilled_patch16_224", dict(depth=1, init_values=1e-5, qkv_bias=False)),
     ("eva02_base_patch16_clip_224", dict(depth=1, rope=False, act="gelu", mlp_inner_norm=False)),
     ("eva02_base_patch16_clip_224", dict(depth=1, mlp_inner_norm=False, mlp_gate_last=False)),
+    ("eva02_base_patch16_clip_224", dict(depth=1, post_norm=True)),
+    ("eva02_enormous_patch14_clip_224", dict(depth=1, post_norm=False, embed_dim=224)),
     ("vitamin_small_224", dict(depth=1, stem_width=32, conv_depths=(1, 1))),
     ("convnext_tiny", dict(depths=(1, 1, 2, 1), kernel_size=5, conv_mlp=True)),
     ("swin_base_patch4_window7_224", dict(depths=(1, 1, 2, 1), window_size=8, mlp_ratio=2.0)),

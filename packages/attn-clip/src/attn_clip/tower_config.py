@@ -57,6 +57,7 @@ EVA_FIELDS: dict[str, Any] = {
     "attn_inner_norm": False,  # LayerNorm before the attention output proj (scale_attn_inner)
     "mlp_inner_norm": False,  # LayerNorm before fc2 (timm's scale_mlp)
     "mlp_gate_last": True,  # swiglu: fc1 gives [x, gate] (timm SwiGLU); False: [gate, x]
+    "post_norm": False,  # res-post-norm blocks, x + norm(branch(x)) (EVA02-E: use_post_norm)
     "qkv_fused": True,  # timm's checkpoint layout (see above); no effect on the math
 }
 

@@ -115,7 +115,9 @@ def eva_args(kwargs: dict[str, Any], base: Any = None) -> tuple[dict[str, Any], 
     when ``scale_mlp``, fused as ``[x, gate]``; without it timm's packed
     ``GluMlp(gate_last=False)``: ``[gate, x]``): given one, the other is ``base``'s (the
     ViTConfig being overridden; timm's default without one). ``qkv_fused`` only sets the
-    checkpoint layout (the converter fuses separate q / k / v): see :func:`eva_layout`."""
+    checkpoint layout (the converter fuses separate q / k / v): see :func:`eva_layout`.
+    ``use_post_norm`` (EVA02-E) is ``post_norm``; its blocks have no layer scale, so timm
+    ignores ``init_values`` there, and so do we."""
     kw = dict(kwargs)
     args: dict[str, Any] = {}
     unsupported: list[str] = []
@@ -138,6 +140,8 @@ def eva_args(kwargs: dict[str, Any], base: Any = None) -> tuple[dict[str, Any], 
             args["attn_inner_norm"] = bool(value)
         elif key == "use_rot_pos_emb":
             args["rope"] = bool(value)
+        elif key == "use_post_norm":
+            args["post_norm"] = bool(value)
         elif key == "ref_feat_shape" and value is not None:
             args["rope_ref_grid"] = tuple(value)
         elif key in SAME_ARGS or key in ("global_pool", "act_layer", "norm_layer"):
@@ -146,6 +150,9 @@ def eva_args(kwargs: dict[str, Any], base: Any = None) -> tuple[dict[str, Any], 
             unsupported += bad
         else:
             unsupported.append(f"{key}={_describe(value)}")
+    post_norm = args.get("post_norm", getattr(base, "post_norm", False))
+    if post_norm and args.get("init_values", getattr(base, "init_values", None)) is not None:
+        args["init_values"] = None  # (timm's post-norm blocks ignore it: no layer scale)
     return args, unsupported
 
 
@@ -297,6 +304,7 @@ TIMM_NAMES: dict[str, dict[str, str]] = {
         "rope": "use_rot_pos_emb",
         "rope_ref_grid": "ref_feat_shape",
         "attn_inner_norm": "scale_attn_inner",
+        "post_norm": "use_post_norm",
     },  # fmt: skip
     "vitamin": {"act": "act_layer", "pos_embed": "pos_embed"},
     "convnext": {"kernel_size": "kernel_sizes", "norm_eps": "norm_eps"},

@@ -10,7 +10,8 @@ DeiT distillation token and head (``dist_token``: logits = mean of ``head`` on t
 token and ``head_dist`` on the distillation token), LayerScale (``init_values``), a
 position embedding over the patches only (``no_embed_class``), the MAP head
 (``global_pool="map"``, :class:`~attn_vision.attention_pool.AttentionPoolLatent`, SigLIP)
-and an attention output bias separate from the qkv bias (``proj_bias``).
+and an attention output bias separate from the qkv bias (``proj_bias``); timm ``Eva``'s
+residual post-norm blocks (``post_norm``, :class:`ResPostNormBlock`: EVA02-E).
 
 Inference fast path (``fast_inference``, on by default; switched for a whole model by
 :func:`attn_core.fast_inference.enable` / ``disable``): the blocks and the patch embedding run
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from functools import partial
 
 import torch
+import torch.nn.functional as F
 import torch.utils.checkpoint
 from attn_core import AxialRotaryEmbedding, TransformerBlock
 from attn_core.fast_inference import fast_path_available, patchify, run_blocks
@@ -39,7 +41,7 @@ from torch import nn
 from .attention_pool import AttentionPoolLatent
 from .patch_embed import PatchEmbed, resample_abs_pos_embed, to_2tuple
 
-__all__ = ["AttentionPoolLatent", "ViTConfig", "VisionTransformer"]
+__all__ = ["AttentionPoolLatent", "ResPostNormBlock", "ViTConfig", "VisionTransformer"]
 
 GLOBAL_POOLS = ("token", "avg", "map", "")
 
@@ -54,6 +56,19 @@ def _check_pool(global_pool: str, class_token: bool, dist_token: bool) -> None:
             f"dist_token=True reads the class and distillation tokens: it needs "
             f"global_pool='token', got {global_pool!r}"
         )
+
+
+class ResPostNormBlock(TransformerBlock):
+    """A :class:`~attn_core.TransformerBlock` whose norms close each residual branch
+    instead of opening it: ``x + norm1(attn(x))``, then ``x + norm2(mlp(x))`` (timm's
+    ``EvaBlockPostNorm``, Swin-V2's "res-post-norm"; EVA02-E). Same arguments and parameter
+    names; the attn_core fast path's fused kernels are pre-norm's, so it runs this forward."""
+
+    def _residual(self, x, branch, norm, ls, drop_path):
+        return x + drop_path(ls(norm(F.dropout(branch(x), self.dropout, self.training))))
+
+    def fused_supported(self) -> bool:
+        return False
 
 
 @dataclass
@@ -85,6 +100,7 @@ class ViTConfig:
     mlp_gate_last: bool = True  # swiglu: fc1 gives [x, gate]; False: [gate, x] (timm GluMlp)
     attn_inner_norm: bool = False  # LayerNorm before each attention proj (timm scale_attn_inner)
     mlp_inner_norm: bool = False  # LayerNorm before each fc2 (timm scale_mlp)
+    post_norm: bool = False  # res-post-norm blocks: x + norm(branch(x)) (timm Eva use_post_norm)
     rope: bool = False  # 2D axial RoPE on the patch tokens' queries / keys (EVA02)
     rope_ref_grid: tuple[int, int] | None = None  # RoPE positions scaled onto this grid
     init_values: float | None = None  # LayerScale init; None = no layer scale
@@ -101,6 +117,8 @@ class ViTConfig:
             raise ValueError("dist_token=True needs class_token=True (DeiT: [CLS], [DIST])")
         if self.dist_token and self.fc_norm:
             raise ValueError("dist_token=True pools without fc_norm: expected fc_norm None/False")
+        if self.post_norm and self.init_values is not None:
+            raise ValueError("post_norm=True blocks have no layer scale: expected init_values=None")
         if self.rope_ref_grid is not None:
             self.rope_ref_grid = tuple(self.rope_ref_grid)
         if self.rope and (self.embed_dim // self.num_heads) % 4:
@@ -168,9 +186,10 @@ class VisionTransformer(nn.Module):
         self.norm_pre = norm_layer(D) if c.pre_norm else nn.Identity()
 
         dpr = torch.linspace(0, c.drop_path_rate, c.depth, device="cpu").tolist()
+        block = ResPostNormBlock if c.post_norm else TransformerBlock
         self.blocks = nn.Sequential(
             *[
-                TransformerBlock(
+                block(
                     D,
                     c.num_heads,
                     c.mlp_ratio,
