@@ -58,6 +58,7 @@ _EXPORTS = {
         "list_pretrained_tags",
     ],
     "hf_text": ["HFTextTower"],
+    "languages": ["ISO_639_1", "NLLB_LANGUAGES", "language_code", "tokenizer_for_language"],
     "retrieval": [
         "EmbeddingIndex",
         "IndexBusyError",
@@ -78,6 +79,7 @@ _EXPORTS = {
     "vision": ["CLIPVisionTower"],
     "zero_shot": [
         "IMAGENET_CLASSNAMES",
+        "LABEL_ONLY",
         "OPENAI_IMAGENET_TEMPLATES",
         "SIMPLE_TEMPLATES",
         "build_zero_shot_classifier",
@@ -85,6 +87,7 @@ _EXPORTS = {
         "evaluate_zero_shot",
         "match_probability",
         "predict",
+        "templates_for_language",
         "zero_shot_logits",
     ],
 }
@@ -141,6 +144,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     from .finetune import add_logit_bias, wise_ft
     from .hf_text import HFTextTower
     from .init import init_image_trunk_from, init_vision_like_open_clip
+    from .languages import ISO_639_1, NLLB_LANGUAGES, language_code, tokenizer_for_language
     from .loss import ClipLoss, CoCaLoss, SigLipLoss, create_loss
     from .model import CLIP, CLIPOutput
     from .pretrained import Checkpoint, read_checkpoint
@@ -172,6 +176,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     from .vision import CLIPVisionTower
     from .zero_shot import (
         IMAGENET_CLASSNAMES,
+        LABEL_ONLY,
         OPENAI_IMAGENET_TEMPLATES,
         SIMPLE_TEMPLATES,
         build_zero_shot_classifier,
@@ -179,5 +184,6 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
         evaluate_zero_shot,
         match_probability,
         predict,
+        templates_for_language,
         zero_shot_logits,
     )
