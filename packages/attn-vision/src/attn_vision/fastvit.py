@@ -37,12 +37,13 @@ Parameter names are timm's (``stem.{i}.conv_kxk.{j}.conv`` / ``.bn``, ``conv_sca
 timm's checkpoints load unchanged; timm's *reparameterized* ones go through the folds that
 timm leaves out (:func:`attn_vision.convert.convert_timm_fastvit`).
 
-Inference fast path (``fast_inference`` of the modules, on by default; switched for a whole
-model by :func:`attn_core.fast_inference.enable` / ``disable``): every convolution runs
-through :func:`attn_core.fast_inference.conv_bn_act` (oneDNN, channels-last, BatchNorm and
-GELU fused) and the attention's Linear layers through
-:func:`~attn_core.fast_inference.linear_act` where they apply (CPU, eval, no autograd);
-elsewhere the same calls run the modules.
+Inference fast path: the unfolded model's conv + BatchNorm pairs
+(:class:`~attn_vision.mobileone.ConvNorm`) run through
+:func:`attn_core.fast_inference.conv_bn_act` (the BatchNorm folded on the fly; switched by
+:func:`attn_core.fast_inference.enable` / ``disable``). The folded model runs plain modules:
+no BatchNorm is left to fold, and oneDNN's channels-last convolutions measured no faster than
+PyTorch's own on the CPU tried (its depthwise ones, most of FastViT's, up to 3x slower), so
+folding is the speed-up.
 """
 
 from __future__ import annotations
@@ -56,7 +57,6 @@ from typing import Any
 import torch
 import torch.utils.checkpoint
 from attn_core import DropPath, attention
-from attn_core.fast_inference import conv_bn_act, linear_act
 from torch import nn
 
 from .convnext import LayerNorm2d
@@ -184,8 +184,6 @@ class RepMixer(nn.Module):
     (``mixer``: a depthwise MobileOne block; ``norm``: its identity BN alone). Folded: one
     depthwise ``reparam_conv``."""
 
-    fast_inference = True  # attn_core.fast_inference.enable
-
     def __init__(
         self, dim: int, kernel_size: int = 3, layer_scale_init_value: float | None = 1e-5,
         inference_mode: bool = False,
@@ -208,7 +206,7 @@ class RepMixer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.reparam_conv is not None:
-            return conv_bn_act(self.reparam_conv, None, x, enabled=self.fast_inference)
+            return self.reparam_conv(x)
         return x + self.layer_scale(self.mixer(x) - self.norm(x))
 
     @torch.no_grad()
@@ -230,8 +228,6 @@ class ConvMlp(nn.Module):
     """FastViT's MLP on ``(B, C, H, W)``: ``fc2(drop(gelu(fc1(conv(x)))))`` (``conv``: a
     depthwise 7x7 conv + BN; ``fc1`` / ``fc2``: 1x1 convs)."""
 
-    fast_inference = True  # attn_core.fast_inference.enable
-
     def __init__(self, dim: int, hidden: int, drop: float = 0.0, inference_mode: bool = False):
         super().__init__()
         self.conv = ConvNorm(dim, dim, MLP_KERNEL, groups=dim, inference_mode=inference_mode)
@@ -241,16 +237,12 @@ class ConvMlp(nn.Module):
         self.drop = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        fast = self.fast_inference
-        x = conv_bn_act(self.fc1, None, self.conv(x), self.act, enabled=fast)
-        return self.drop(conv_bn_act(self.fc2, None, self.drop(x), enabled=fast))
+        return self.drop(self.fc2(self.drop(self.act(self.fc1(self.conv(x))))))
 
 
 class RepConditionalPosEnc(nn.Module):
     """Conditional position encoding ``x + pos_enc(x)`` (``pos_enc``: a depthwise ``k x k``
     conv with bias) on ``(B, C, H, W)``. Folded: one ``reparam_conv``."""
-
-    fast_inference = True  # attn_core.fast_inference.enable
 
     def __init__(self, dim: int, kernel_size: int = 7, inference_mode: bool = False) -> None:
         super().__init__()
@@ -267,7 +259,7 @@ class RepConditionalPosEnc(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.reparam_conv is not None:
-            return conv_bn_act(self.reparam_conv, None, x, enabled=self.fast_inference)
+            return self.reparam_conv(x)
         return self.pos_enc(x) + x
 
     @torch.no_grad()
@@ -283,8 +275,6 @@ class Attention(nn.Module):
     """Multi-head self-attention over the ``N = H * W`` positions of ``(B, C, H, W)`` (heads
     of width 32; timm's ``qkv`` has no bias, a folded BatchNorm pre-norm gives it one)."""
 
-    fast_inference = True  # attn_core.fast_inference.enable (the Linear layers)
-
     def __init__(
         self, dim: int, qkv_bias: bool = False, attn_drop: float = 0.0, proj_drop: float = 0.0
     ) -> None:
@@ -298,12 +288,10 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, C, H, W = x.shape
         x = x.flatten(2).transpose(1, 2)  # (B, N, C)
-        qkv = linear_act(self.qkv, x, enabled=self.fast_inference)  # (B, N, 3C)
-        q, k, v = qkv.reshape(B, H * W, 3, self.num_heads, HEAD_DIM).permute(2, 0, 3, 1, 4)
-        x = attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)  # (B, Hd, N, 32)
-        x = linear_act(
-            self.proj, x.transpose(1, 2).reshape(B, H * W, C), enabled=self.fast_inference
-        )
+        qkv = self.qkv(x).reshape(B, H * W, 3, self.num_heads, HEAD_DIM)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # 3 x (B, Hd, N, 32)
+        x = attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
+        x = self.proj(x.transpose(1, 2).reshape(B, H * W, C))  # (B, N, C)
         return self.proj_drop(x).transpose(1, 2).reshape(B, C, H, W)
 
 
@@ -557,6 +545,17 @@ def _named(value: Any) -> tuple[str, dict[str, Any]]:
     return getattr(value, "__name__", repr(value)), {}
 
 
+def _cpe_kernel(layer: Any) -> int | None:
+    """The kernel size of timm's ``RepConditionalPosEnc`` (or a ``partial`` of it with a
+    square ``spatial_shape``; timm's default 7x7), else None."""
+    name, kw = _named(layer)
+    shape = kw.get("spatial_shape", (7, 7))
+    shape = (shape, shape) if isinstance(shape, int) else tuple(shape)
+    if name != "RepConditionalPosEnc" or set(kw) - {"spatial_shape"} or shape[0] != shape[1]:
+        return None
+    return int(shape[0])
+
+
 def fastvit_args(kwargs: dict[str, Any], base: Any = None) -> tuple[dict[str, Any], list[str]]:
     """timm ``FastVit`` kwargs -> ``(FastVitConfig args, what we cannot express)``.
 
@@ -575,22 +574,10 @@ def fastvit_args(kwargs: dict[str, Any], base: Any = None) -> tuple[dict[str, An
         elif key == "global_pool" and value in GLOBAL_POOLS:
             args[key] = value
         elif key == "pos_embs":
-            kernels = []
-            for layer in value:
-                name, kw = _named(layer) if layer is not None else ("", {})
-                shape = kw.get("spatial_shape", (7, 7))
-                shape = (shape, shape) if isinstance(shape, int) else tuple(shape)
-                if layer is None:
-                    kernels.append(None)
-                elif (
-                    name == "RepConditionalPosEnc"
-                    and set(kw) <= {"spatial_shape"}
-                    and (shape[0] == shape[1])
-                ):
-                    kernels.append(shape[0])
-                else:
-                    unsupported.append(f"pos_embs entry {layer!r}")
-            args[key] = tuple(kernels)
+            args[key] = tuple(None if layer is None else _cpe_kernel(layer) for layer in value)
+            bad = [f"pos_embs entry {layer!r}" for layer, k in zip(value, args[key], strict=True)
+                   if layer is not None and k is None]  # fmt: skip
+            unsupported += bad
         elif key == "norm_layer":
             name, kw = _named(value)
             if name == "BatchNorm2d" and not kw:
