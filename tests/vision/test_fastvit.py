@@ -17,6 +17,7 @@ from attn_vision import create_model, get_model_config, list_models, save_pretra
 from attn_vision.convert import apple_fastvit_to_timm, convert_timm_fastvit
 from attn_vision.fastvit import FastVit, FastVitConfig, LayerScale2d
 from attn_vision.pretrained import get_pretrained_cfg
+from attn_vision.registry import timm_model_config
 from attn_vision.timm_table import _record, timm_fastvit_args
 from attn_vision.vit_mci import MciVisionTransformer, MciViTConfig
 from safetensors.torch import save_file
@@ -189,6 +190,11 @@ def test_presets_are_timms_architectures():
         assert not unsupported, name
         config = get_model_config(name)
         assert {k: getattr(config, k) for k in args} == args, name
+    # timm keyword arguments override a preset as timm.create_model does (None: dropped)
+    c = timm_model_config("fastvit_mci2", {"layers": [1, 1, 1, 1], "layer_scale_init_value": None})
+    assert (c.layers, c.layer_scale_init_value) == ((1, 1, 1, 1), 1e-5)
+    with pytest.raises(ValueError, match="fork_feat=True"):
+        timm_model_config("fastvit_mci2", {"fork_feat": True})
     # the MCi ViT: timm's ViT arguments and its ConvStem
     kwargs = _record(["vit_base_mci_224"], vision_transformer_hybrid,
                      "_create_vision_transformer_hybrid")["vit_base_mci_224"]  # fmt: skip

@@ -562,11 +562,14 @@ def fastvit_args(kwargs: dict[str, Any], base: Any = None) -> tuple[dict[str, An
     ``pos_embs`` entries (``RepConditionalPosEnc`` or a ``partial`` of it with a square
     ``spatial_shape``) become kernel sizes; ``norm_layer`` (``BatchNorm2d``, timm's
     ``LayerNorm2d`` or a ``partial`` with ``eps``) becomes ``norm_layer`` / ``norm_eps``.
-    Layer classes are recognized by name (timm is not imported). ``base`` is unused (the
-    translators' common signature)."""
+    Layer classes are recognized by name (timm is not imported). A None value is skipped,
+    as ``timm.create_model`` drops it. ``base`` is unused (the translators' common
+    signature)."""
     args: dict[str, Any] = {}
     unsupported: list[str] = []
     for key, value in kwargs.items():
+        if value is None:
+            continue
         if key in SAME_ARGS:
             args[key] = tuple(value) if isinstance(value, list | tuple) else value
         elif key == "mlp_ratios":
