@@ -269,5 +269,6 @@ def test_open_clip_meta_layout_matches_every_listed_model(monkeypatch):
     assert sum(n.startswith("convnext_") for n in checked) >= 9, checked  # 11, 2 share a layout
     assert sum(n.startswith("RN") for n in checked) == 5, checked  # -quickgelu: same tensors
     assert sum(n.startswith("EVA") for n in checked) == 7, checked
+    assert sum(n.startswith("PE-Core") for n in checked) == 5, checked
     assert sum(n.startswith("ViTamin") for n in checked) == 15, checked
     assert sum(n.startswith("coca_") for n in checked) == 3, checked

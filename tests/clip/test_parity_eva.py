@@ -10,8 +10,12 @@ separate ``fc1_x`` / ``fc1_g``, inner norms, separate ``q_proj`` / ``k_proj`` / 
 EVA01-g-14: a plain ViT with a fused ``qkv`` and ``q_bias`` / ``v_bias``, 1408 wide;
 EVA02-L-14-336: the RoPE positions of its 24 x 24 grid scaled onto the 16 x 16 reference
 grid; EVA02-E-14: timm's residual post-norm blocks (``x + norm(branch(x))``), 4 heads of its
-real 112 channels. The names and shapes of every config at full depth are checked on the meta device
-in test_convert.py."""
+real 112 channels. PE-Core (Meta's Perception Encoder, timm ``vit_pe_core_*``): 2D RoPE on
+a 1-offset grid with column-first bands, ``norm_pre``, timm's ``AttentionRope`` (a plain
+``qkv`` with its key bias), a MAP head of 8 heads over every token then timm's head as the
+projection; T-16-384 at its real widths (bigG-14-448's tower, without class token, is
+checked in tests/vision/test_eva_variants.py). The names and shapes of every config at
+full depth are checked on the meta device in test_convert.py."""
 
 from __future__ import annotations
 
@@ -38,10 +42,15 @@ CASES = [
     ("EVA01-g-14", "open_clip_pytorch_model.bin"),
     ("EVA02-L-14-336", "open_clip_model.safetensors"),
     ("EVA02-E-14", "open_clip_model.safetensors"),
+    ("PE-Core-T-16-384", "open_clip_model.safetensors"),
 ]
-ROPE = ("EVA02-B-16", "EVA02-L-14-336")  # (the others: a fused qkv with q_bias / v_bias)
+ROPE = ("EVA02-B-16", "EVA02-L-14-336", "PE-Core-T-16-384")
+SEPARATE_QKV = ("EVA02-B-16", "EVA02-L-14-336")  # (the others: one fused qkv)
+PE = ("PE-Core-T-16-384",)
 # timm arguments (and our vision overrides) that also cut a tower's width
-NARROW = {"EVA02-E-14": ({"embed_dim": 448, "num_heads": 4}, {"width": 448, "head_width": 112})}
+NARROW = {
+    "EVA02-E-14": ({"embed_dim": 448, "num_heads": 4}, {"width": 448, "head_width": 112}),
+}
 
 
 def _open_clip_config(name: str) -> dict:
@@ -92,7 +101,7 @@ def reference():
 @pytest.mark.parametrize(("name", "filename"), CASES)
 def test_open_clip_eva_checkpoint_files(tmp_path, reference, name, filename, h):
     ref = reference(name)
-    images, tokens = h.open_clip_inputs(ref, "EVA02-B-16", SMALL_VOCAB)
+    images, tokens = h.open_clip_inputs(ref, name, SMALL_VOCAB)
     with torch.no_grad():
         ref_image, ref_text = ref.encode_image(images), ref.encode_text(tokens)
         # open_clip's get_logits, from the embeddings above
@@ -100,13 +109,19 @@ def test_open_clip_eva_checkpoint_files(tmp_path, reference, name, filename, h):
     assert not torch.allclose(ref_image[0], ref_image[1])  # the images tell apart
     sd = ref.state_dict()
     assert "visual.trunk.head.bias" in sd  # timm's classifier is the projection
-    rope = name in ROPE
-    assert ("visual.trunk.blocks.0.attn.k_proj.weight" in sd) == rope  # else a fused qkv
+    separate = name in SEPARATE_QKV
+    assert ("visual.trunk.blocks.0.attn.k_proj.weight" in sd) == separate  # else a fused qkv
+    assert ("visual.trunk.blocks.0.attn.qkv.bias" in sd) == (name in PE)  # AttentionRope's
+    assert ("visual.trunk.attn_pool.latent" in sd) == (name in PE)
     path = h.save_checkpoint(sd, tmp_path / filename)
     ours = create_model(name, pretrained=path, **_overrides(name))
     v = ours.config.vision
-    assert (v.proj_type, v.eva["rope"], v.eva["qkv_fused"]) == ("head", rope, not rope)
+    assert (v.proj_type, v.eva["rope"], v.eva["qkv_fused"]) == ("head", name in ROPE, not separate)
     assert v.eva["post_norm"] == (name == "EVA02-E-14")
+    assert (v.pool_type, v.eva["rope_grid_indexing"]) == (("map", "xy") if name in PE else
+                                                          ("tok", "ij"))  # fmt: skip
+    # open_clip's vision_cfg of the shrunk tower (timm_model_args) reads back the same
+    assert CLIPConfig.from_open_clip(ours.config.to_open_clip()) == ours.config
     with torch.no_grad():
         image, text = ours.encode_image(images), ours.encode_text(tokens)
         per_image = ours.logits(_normalize(image), _normalize(text))[0]  # as forward does
@@ -169,7 +184,7 @@ def test_eva_configs_and_refusals():
     cfg = open_clip.get_model_config("EVA02-B-16")
     for key, value, match in [
         ("timm_proj", "mlp", "timm_proj='mlp'"),
-        ("timm_pool", "map", "timm_pool='map'"),
+        ("timm_pool", "max", "timm_pool='max'"),
         ("timm_model_args", {"depth": 2, "qk_norm": True}, "qk_norm=True"),
     ]:
         bad = {**cfg, "vision_cfg": {**cfg["vision_cfg"], key: value}}

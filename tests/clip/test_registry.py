@@ -48,7 +48,7 @@ def test_list_models_has_the_clips_attn_clip_builds_and_only_them():
     assert required <= names
     required |= {"xlm-roberta-base-ViT-B-32", "nllb-clip-base-siglip", "mt5-xl-ViT-H-14"}
     assert required <= names
-    excluded = ("coca_roberta-ViT-B-32", "PE-Core-B-16")
+    excluded = ("coca_roberta-ViT-B-32", "MobileCLIP-S1")
     for name in excluded:
         assert name not in names
 
@@ -103,6 +103,21 @@ def test_every_eva_config_and_its_tag():
     assert (pre.mean, pre.std) == (OPENAI_DATASET_MEAN, OPENAI_DATASET_STD)
 
 
+def test_every_pe_core_config_and_tag():
+    """open_clip's Perception Encoder CLIPs (timm ``vit_pe_core_*`` Eva towers): all 5, each
+    with its tag; their image sizes and context lengths as open_clip has them."""
+    pe = {n for n in open_clip.list_models() if n.startswith("PE-Core")}
+    assert len(pe) == 5 and pe <= set(list_models())
+    tags = [(n, t) for n, t in list_pretrained() if n in pe]
+    assert tags == [(n, t) for n, t in oc_pretrained.list_pretrained() if n in pe]
+    assert len(tags) == 5
+    big = get_model_config("PE-Core-bigG-14-448")
+    assert (big.vision.image_size, big.vision.class_token, big.text.context_length) == (
+        448, False, 72,
+    )  # fmt: skip
+    assert big.vision.eva["attn_type"] == "rope" and big.vision.pool_type == "map"
+
+
 def test_every_vitamin_config_and_tag():
     """open_clip's ViTamin CLIPs (timm ViTamin towers): all 15 configs, each with its one
     tag (the weights in the authors' Hub repos); OpenAI mean / std, bicubic, shortest side,
@@ -138,6 +153,7 @@ def test_coverage_counts_what_is_listed(capsys):
     assert "OpenAI ResNet (RN*): 10 of 10 configs, 16 of 16 tags" in out
     assert "EVA-CLIP (EVA01 / EVA02): 7 of 7 configs, 7 of 7 tags" in out
     assert "ViTamin: 15 of 15 configs, 15 of 15 tags" in out
+    assert "PE-Core (Perception Encoder): 5 of 5 configs, 5 of 5 tags" in out
     assert out.strip() in DOCS.read_text(encoding="utf-8"), "docs/clip.md: rerun --coverage"
     assert get_model_config("ViT-B-32-quickgelu").quick_gelu
     assert not get_model_config("ViT-B-32").quick_gelu

@@ -47,7 +47,9 @@ def timm_checkpoint(tmp_path: Path) -> Callable[..., tuple[nn.Module, Path]]:
     """
 
     def make(name: str, **kwargs) -> tuple[nn.Module, Path]:
-        skip = name.startswith(("vit_", "deit", "swin_"))
+        # (timm's Eva, e.g. vit_pe_core_*, takes no weight_init)
+        eva = timm.models.model_entrypoint(name).__module__.endswith(".eva")
+        skip = name.startswith(("vit_", "deit", "swin_")) and not eva
         if skip:
             kwargs.setdefault("weight_init", "skip")
         model = timm.create_model(name, pretrained=False, **kwargs)

@@ -93,6 +93,17 @@ INVERSE_CASES = [
     ("eva02_base_patch16_clip_224", dict(depth=1, mlp_inner_norm=False, mlp_gate_last=False)),
     ("eva02_base_patch16_clip_224", dict(depth=1, post_norm=True)),
     ("eva02_enormous_patch14_clip_224", dict(depth=1, post_norm=False, embed_dim=224)),
+    (
+        "vit_pe_core_tiny_patch16_384",
+        dict(
+            depth=1,
+            rope_grid_indexing="ij",
+            pre_norm=False,
+            rope_grid_offset=0.0,
+            attn_pool_num_heads=3,
+        ),
+    ),
+    ("vit_pe_core_tiny_patch16_384", dict(depth=1, global_pool="avg", pool_include_prefix=False)),
     ("vitamin_small_224", dict(depth=1, stem_width=32, conv_depths=(1, 1))),
     ("convnext_tiny", dict(depths=(1, 1, 2, 1), kernel_size=5, conv_mlp=True)),
     ("swin_base_patch4_window7_224", dict(depths=(1, 1, 2, 1), window_size=8, mlp_ratio=2.0)),

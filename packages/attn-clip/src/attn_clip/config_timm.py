@@ -28,6 +28,7 @@ from attn_vision.timm_args import timm_kwargs
 from .tower_config import (
     CONVNEXT_FIELDS,
     EVA_FIELDS,
+    EVA_LAYOUT,
     SWIN_FIELDS,
     VITAMIN_FIELDS,
     CLIPVisionConfig,
@@ -40,8 +41,8 @@ _POOLS = {"token": "tok", "avg": "avg", "map": "map"}  # timm's global_pool -> p
 _VIT_FIXED = ("in_chans", "proj_bias", "dist_token", "reg_tokens", "no_embed_class",
               "final_norm")  # fmt: skip
 # the Eva fields (EVA_FIELDS): a timm VisionTransformer tower has them at their defaults
-_EVA_ONLY = tuple(k for k in EVA_FIELDS if k not in ("qkv_fused", "mlp_gate_last"))
-_EVA_FIXED = (*_VIT_FIXED, "class_token", "pre_norm")  # (timm Eva's layout has both)
+_EVA_ONLY = tuple(k for k in EVA_FIELDS if k not in (*EVA_LAYOUT, "mlp_gate_last"))
+_EVA_FIXED = _VIT_FIXED
 # ConvNeXtConfig fields an open_clip ConvNeXt tower builds only at their default (its head
 # reads the dims[-1] pooled features: no pre-logits head_hidden_size)
 _CONVNEXT_FIXED = ("in_chans", "mlp_ratio", "head_hidden_size")
@@ -132,7 +133,7 @@ def _vit_tower(
     (``"linear"``) over the trunk's own pooling (``timm_pool=""``) or ``timm_pool``'s."""
     eva = spec.timm_module == "eva"
     linear = proj == "linear" and not proj_bias
-    pools = [p for p in _POOLS if not (eva and p == "map")]
+    pools = list(_POOLS)
     bad = []
     if pool not in pools and not (linear and pool == ""):
         bad.append(f"timm_pool={pool!r} (expected one of {pools}, or '' with "
@@ -149,11 +150,10 @@ def _vit_tower(
         raise ValueError(f"timm {'EVA' if eva else 'ViT'} {name!r} with {', '.join(bad)}")
     eva_fields = None
     if eva:
-        eva_fields = {k: getattr(c, k) for k in EVA_FIELDS if k != "qkv_fused"}
+        eva_fields = {k: getattr(c, k) for k in EVA_FIELDS if k not in EVA_LAYOUT}
         eva_fields["mlp_gate_last"] = c.mlp_gate_last if c.act == "swiglu" else True
-        eva_fields["qkv_fused"] = bool(
-            args.get("qkv_fused", spec.layout_args.get("qkv_fused", True))
-        )
+        for key in EVA_LAYOUT:  # (timm_model_args may choose another layout)
+            eva_fields[key] = args.get(key, spec.layout_args.get(key, EVA_FIELDS[key]))
     return CLIPVisionConfig(
         **_vit_fields(c, image_size),
         patch_bias=(not c.pre_norm) if c.patch_bias is None else c.patch_bias,
@@ -264,7 +264,7 @@ def _trunk_changes(v: CLIPVisionConfig, base: Any) -> dict[str, Any]:
             norm_eps=v.norm_eps,
             class_token=v.class_token,
             qkv_bias=v.qkv_bias,
-            **{k: x for k, x in (v.eva or {}).items() if k != "qkv_fused"},
+            **{k: x for k, x in (v.eva or {}).items() if k not in EVA_LAYOUT},
             **(v.vitamin or {}),
         )
         if v.vitamin is None:
@@ -317,8 +317,9 @@ def timm_vision_cfg(v: CLIPVisionConfig) -> dict[str, Any]:
     base = timm_model_config(name, {"global_pool": pool} if pool else None)
     changes = _trunk_changes(v, base)
     args = timm_kwargs(spec.timm_module, dataclasses.replace(base, **changes), base)
-    if v.eva is not None and v.eva["qkv_fused"] != spec.layout_args.get("qkv_fused", True):
-        args["qkv_fused"] = v.eva["qkv_fused"]
+    for key in EVA_LAYOUT if v.eva is not None else ():
+        if v.eva[key] != spec.layout_args.get(key, EVA_FIELDS[key]):
+            args[key] = v.eva[key]
     if timm_vision_config(name, args, v.image_size, pool, proj, v.proj_bias) != v:
         raise ValueError(f"vision tower {name!r} is not timm's {name} with any timm keyword "
                          f"arguments (tried {args})")  # fmt: skip

@@ -438,15 +438,24 @@ def _vit_to_eva(sd: StateDict, vision: CLIPVisionConfig) -> StateDict:
     ``q_proj`` / ``k_proj`` / ``v_proj`` (or kept, with ``q_bias`` / ``v_bias``, when timm
     fuses it: ``qkv_fused``), the key bias dropped (exact: adding one vector to every key
     shifts each query's scores by a constant, which the softmax cancels), SwiGLU's ``fc1``
-    split into ``fc1_x`` / ``fc1_g``, ``ls1`` / ``ls2`` renamed ``gamma_1`` / ``gamma_2``."""
+    split into ``fc1_x`` / ``fc1_g``, ``ls1`` / ``ls2`` renamed ``gamma_1`` / ``gamma_2``.
+    timm's ``AttentionRope`` (``attn_type="rope"``, PE-Core) keeps the key bias: in ``qkv``,
+    or in ``k_proj``."""
     eva, out = vision.eva, {}
     split_fc1 = vision.act == "swiglu" and eva["mlp_gate_last"]  # (timm's packed GluMlp: kept)
+    rope_attn = eva["attn_type"] == "rope"
     for k, t in sd.items():
         m = re.match(r"(visual\.trunk\.blocks\.\d+\.)(.*)", k)
         p, name = (m.group(1), m.group(2)) if m else ("", "")
         if name in ("attn.qkv.weight", "attn.qkv.bias"):
             q, key, val = t.chunk(3)
-            if name.endswith("bias"):
+            if rope_attn and eva["qkv_fused"]:
+                out[k] = t
+            elif rope_attn:
+                kind = name.rsplit(".", 1)[1]
+                for n, part in zip("qkv", (q, key, val), strict=True):
+                    out[f"{p}attn.{n}_proj.{kind}"] = part
+            elif name.endswith("bias"):
                 out[f"{p}attn.q_bias" if eva["qkv_fused"] else f"{p}attn.q_proj.bias"] = q
                 out[f"{p}attn.v_bias" if eva["qkv_fused"] else f"{p}attn.v_proj.bias"] = val
             elif eva["qkv_fused"]:

@@ -5,7 +5,8 @@
 ``-quickgelu`` variants, ...; SigLIP / SigLIP2: ``ViT-B-16-SigLIP``,
 ``ViT-SO400M-14-SigLIP-384``, ...; ConvNeXt: ``convnext_base_w``, ``convnext_large_d``,
 ...; OpenAI's ResNets: ``RN50``, ``RN50x4``, ...; EVA-CLIP: ``EVA02-B-16``, ``EVA01-g-14``,
-...; ViTamin: ``ViTamin-S``, ``ViTamin-L2-384``, ...; the Hugging Face text towers:
+...; ViTamin: ``ViTamin-S``, ``ViTamin-L2-384``, ...; PE-Core: ``PE-Core-B-16``, ...;
+``swin_base_patch4_window7_224``, ``vit_medium_patch16_gap_256``; the Hugging Face text towers:
 ``xlm-roberta-base-ViT-B-32``, ``nllb-clip-base``, ``mt5-xl-ViT-H-14``, ..., whose encoder
 architecture attn_nlp ships) plus attn_clip's bundled models;
 ``list_pretrained()`` the open_clip ``(name, tag)`` pairs; ``get_pretrained_cfg(name, tag)``
@@ -23,8 +24,8 @@ and ``imagenet_zero_shot.json`` (OpenAI's ImageNet class names and prompt templa
 
 (``tests/clip/test_registry.py`` runs the check, so an open_clip upgrade that changes
 them, or a config feature attn_clip learns, fails until the files are rebuilt.) The
-SigLIP, ConvNeXt, EVA and ViTamin image towers are timm models named in open_clip's
-configs: attn_vision's presets of those names (:mod:`attn_clip.config_timm`).
+SigLIP, ConvNeXt, EVA, PE-Core, Swin and ViTamin image towers are timm models named in
+open_clip's configs: attn_vision's presets of those names (:mod:`attn_clip.config_timm`).
 
 attn_clip also has *bundled* models of its own, whose weights ship inside the package
 (no network): ``demo-shapes``, a small CLIP trained by ``scripts/train_clip.py`` on the
@@ -364,6 +365,7 @@ COVERAGE_FAMILIES = (
     ("OpenAI ResNet (RN*)", lambda n: n.startswith("RN")),
     ("EVA-CLIP (EVA01 / EVA02)", lambda n: n.startswith("EVA")),
     ("ViTamin", lambda n: n.startswith("ViTamin")),
+    ("PE-Core (Perception Encoder)", lambda n: n.startswith("PE-Core")),
     (
         "Hugging Face text towers (XLM-R, RoBERTa, NLLB, mT5)",
         lambda n: n.startswith(("xlm-roberta-", "roberta-", "nllb-clip-", "mt5-", "coca_roberta-")),
@@ -374,7 +376,7 @@ COVERAGE_FAMILIES = (
 def coverage() -> str:
     """How many of open_clip's model configs and pretrained tags attn_clip builds, from
     the shipped table (imports nothing): overall, per family (SigLIP / SigLIP2, ConvNeXt,
-    ResNet, EVA, ViTamin, Hugging Face text towers), and why the rest is refused."""
+    ResNet, EVA, ViTamin, PE-Core, Hugging Face text towers), and why the rest is refused."""
     table = _table()
     models, unsupported = table["models"], table["unsupported"]
     pretrained, refused_tags = table["pretrained"], table["unsupported_pretrained"]

@@ -49,8 +49,9 @@ SWIN_FIELDS = (  # attn_vision SwinConfig fields that make up the architecture (
     "norm_eps",
 )  # fmt: skip
 # a timm Eva tower's fields beyond a CLIP ViT's: attn_vision ViTConfig fields, with their
-# defaults, and timm's ``qkv_fused`` (only the layout of open_clip's checkpoint: one ``qkv``
-# with ``q_bias`` / ``v_bias``, or separate ``q_proj`` / ``k_proj`` / ``v_proj``)
+# defaults, and timm's ``qkv_fused`` and ``attn_type`` (EVA_LAYOUT: only the layout of
+# open_clip's checkpoint: one ``qkv`` with ``q_bias`` / ``v_bias``, or separate ``q_proj`` /
+# ``k_proj`` / ``v_proj``; with "rope", timm's AttentionRope, the biases are in those)
 EVA_FIELDS: dict[str, Any] = {
     "rope": False,  # 2D axial RoPE on the patch tokens' queries / keys (EVA02)
     "rope_ref_grid": None,  # RoPE positions scaled onto this (h, w) patch grid
@@ -58,8 +59,15 @@ EVA_FIELDS: dict[str, Any] = {
     "mlp_inner_norm": False,  # LayerNorm before fc2 (timm's scale_mlp)
     "mlp_gate_last": True,  # swiglu: fc1 gives [x, gate] (timm SwiGLU); False: [gate, x]
     "post_norm": False,  # res-post-norm blocks, x + norm(branch(x)) (EVA02-E: use_post_norm)
+    "rope_grid_offset": 0.0,  # added to the RoPE grid's row / column indices (PE-Core: 1)
+    "rope_grid_indexing": "ij",  # RoPE bands [rows | cols]; "xy": [cols | rows] (PE-Core)
+    "pool_include_prefix": False,  # the MAP head reads the class token too (an Eva's does)
+    "attn_pool_num_heads": None,  # the MAP head's heads (PE-Core: 8); None = the blocks'
+    "attn_pool_mlp_ratio": None,  # the MAP head's MLP ratio; None = the blocks'
     "qkv_fused": True,  # timm's checkpoint layout (see above); no effect on the math
+    "attn_type": "eva",  # timm's EvaAttention ("eva") or AttentionRope ("rope"): a layout
 }
+EVA_LAYOUT = ("qkv_fused", "attn_type")  # the EVA_FIELDS that only name checkpoint keys
 
 # a timm ViTamin tower's fields beyond a CLIP ViT's: attn_vision VitaminConfig fields (the
 # conv stem), with its defaults

@@ -55,6 +55,7 @@ from torch import nn
 
 from .config import CLIPVisionConfig
 from .modified_resnet import ModifiedResNet
+from .tower_config import EVA_LAYOUT
 
 __all__ = ["AttentionalPooler", "CLIPVisionTower", "vit_config"]
 
@@ -83,11 +84,11 @@ def vit_config(c: CLIPVisionConfig, embed_dim: int = 0) -> ViTConfig:
     )
     if c.vitamin is not None:  # the conv stem's fields
         return VitaminConfig(**common, **c.vitamin)
-    eva = {k: v for k, v in (c.eva or {}).items() if k != "qkv_fused"}  # (a layout only)
+    eva = {k: v for k, v in (c.eva or {}).items() if k not in EVA_LAYOUT}
     return ViTConfig(
         **common,
         patch_bias=c.patch_bias,  # CLIP: never (CLIPA too, although it has no ln_pre)
-        **eva,  # EVA: rope, rope_ref_grid, attn_inner_norm, mlp_inner_norm, mlp_gate_last
+        **eva,  # EVA: rope, rope_ref_grid, attn_inner_norm, mlp_inner_norm, post_norm, ...
     )
 
 

@@ -17,8 +17,9 @@ Fixes applied, as timm applies them when it loads its own checkpoints:
   towers built with another ``global_pool`` that way).
 * EVA (timm's ``Eva``): separate ``q_proj`` / ``k_proj`` / ``v_proj`` or a ``qkv`` with
   ``q_bias`` / ``v_bias`` become one ``qkv`` (the key bias is zero: EVA has none, and a
-  key bias never changes attention); SwiGLU's ``fc1_x`` / ``fc1_g`` become one ``fc1``
-  (``[x, gate]``); ``gamma_1`` / ``gamma_2`` become ``ls1.gamma`` / ``ls2.gamma``.
+  key bias never changes attention; PE-Core's ``AttentionRope`` has one, kept); SwiGLU's
+  ``fc1_x`` / ``fc1_g`` become one ``fc1`` (``[x, gate]``); ``gamma_1`` / ``gamma_2``
+  become ``ls1.gamma`` / ``ls2.gamma``.
 * ViTamin: timm's names are ours; an open_clip ViTamin checkpoint (what timm's Hub tags
   hold) is read as timm reads it: the ``visual.trunk.*`` tensors, ``visual.head.proj`` as
   the classifier with a zero bias, the text tower left out.
@@ -142,7 +143,9 @@ def eva_to_vit(sd: StateDict) -> StateDict:
         if f"{a}q_proj.weight" in out:
             parts = [out.pop(f"{a}{n}_proj.weight") for n in "qkv"]
             out[f"{a}qkv.weight"] = torch.cat(parts)
-            if f"{a}q_proj.bias" in out:
+            if f"{a}k_proj.bias" in out:  # timm's AttentionRope (PE): every projection biased
+                out[f"{a}qkv.bias"] = torch.cat([out.pop(f"{a}{n}_proj.bias") for n in "qkv"])
+            elif f"{a}q_proj.bias" in out:
                 out[f"{a}q_bias"], out[f"{a}v_bias"] = (
                     out.pop(f"{a}q_proj.bias"),
                     out.pop(f"{a}v_proj.bias"),

@@ -18,7 +18,7 @@ import dataclasses
 import functools
 from typing import Any
 
-from .vit import GLOBAL_POOLS
+from .vit import GLOBAL_POOLS, ROPE_GRID_INDEXINGS
 
 __all__ = [
     "TIMM_CLASS_DEFAULTS",
@@ -50,8 +50,10 @@ SAME_ARGS = {
     "fc_norm",
     "init_values",
     "dynamic_img_size",
+    "pool_include_prefix",
 }
 ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu")  # timm act_layer names we have
+EVA_ATTN_TYPES = ("eva", "rope")  # timm Eva's EvaAttention / AttentionRope: one math
 # timm's ViTamin MLP (``mlp_layer``), by qualified name (a recorded kwargs table holds it so)
 GEGLU_MLP = "timm.models.vitamin.GeGluMlp"
 # the defaults of timm's model classes where they differ from our config's (the generator
@@ -117,7 +119,10 @@ def eva_args(kwargs: dict[str, Any], base: Any = None) -> tuple[dict[str, Any], 
     ViTConfig being overridden; timm's default without one). ``qkv_fused`` only sets the
     checkpoint layout (the converter fuses separate q / k / v): see :func:`eva_layout`.
     ``use_post_norm`` (EVA02-E) is ``post_norm``; its blocks have no layer scale, so timm
-    ignores ``init_values`` there, and so do we."""
+    ignores ``init_values`` there, and so do we. PE-Core's ``attn_type="rope"`` (timm's
+    ``AttentionRope``: a plain ``qkv`` with a key bias, which changes no attention) is a
+    layout too; ``use_pre_transformer_norm`` is ``pre_norm``; an Eva's MAP head reads the
+    prefix tokens too (``pool_include_prefix``, set with ``global_pool``)."""
     kw = dict(kwargs)
     args: dict[str, Any] = {}
     unsupported: list[str] = []
@@ -134,6 +139,8 @@ def eva_args(kwargs: dict[str, Any], base: Any = None) -> tuple[dict[str, Any], 
     for key, value in kw.items():
         if key == "qkv_fused" or (key == "use_abs_pos_emb" and value):
             continue
+        if key == "attn_type" and value in EVA_ATTN_TYPES:
+            continue  # (the layout: eva_layout)
         if key == "scale_mlp":
             args["mlp_inner_norm"] = bool(value)
         elif key == "scale_attn_inner":
@@ -144,7 +151,17 @@ def eva_args(kwargs: dict[str, Any], base: Any = None) -> tuple[dict[str, Any], 
             args["post_norm"] = bool(value)
         elif key == "ref_feat_shape" and value is not None:
             args["rope_ref_grid"] = tuple(value)
-        elif key in SAME_ARGS or key in ("global_pool", "act_layer", "norm_layer"):
+        elif key == "use_pre_transformer_norm":
+            args["pre_norm"] = bool(value)
+        elif key == "rope_grid_offset":
+            args["rope_grid_offset"] = float(value)
+        elif key == "rope_grid_indexing" and value in ROPE_GRID_INDEXINGS:
+            args["rope_grid_indexing"] = value
+        elif key in ("attn_pool_num_heads", "attn_pool_mlp_ratio"):
+            args[key] = value
+        elif key == "global_pool" and value in GLOBAL_POOLS:
+            args.update(global_pool=value, pool_include_prefix=value == "map")
+        elif key in SAME_ARGS - {"pool_include_prefix"} or key in ("act_layer", "norm_layer"):
             more, bad = vit_args({key: value})
             args.update(more)
             unsupported += bad
@@ -159,8 +176,12 @@ def eva_args(kwargs: dict[str, Any], base: Any = None) -> tuple[dict[str, Any], 
 def eva_layout(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The timm ``Eva`` kwargs that only choose its checkpoint's layout: ``qkv_fused``
     (one ``qkv`` with ``q_bias`` / ``v_bias``, timm's default, or ``q_proj`` / ``k_proj`` /
-    ``v_proj``)."""
-    return {"qkv_fused": bool(kwargs.get("qkv_fused", True))}
+    ``v_proj``), and ``attn_type`` when it is ``"rope"`` (timm's ``AttentionRope``: biases
+    in ``qkv`` itself, the key's too, or in all three projections)."""
+    layout = {"qkv_fused": bool(kwargs.get("qkv_fused", True))}
+    if kwargs.get("attn_type", "eva") != "eva":
+        layout["attn_type"] = kwargs["attn_type"]
+    return layout
 
 
 def _qualname(value: Any) -> Any:
@@ -305,6 +326,11 @@ TIMM_NAMES: dict[str, dict[str, str]] = {
         "rope_ref_grid": "ref_feat_shape",
         "attn_inner_norm": "scale_attn_inner",
         "post_norm": "use_post_norm",
+        "pre_norm": "use_pre_transformer_norm",
+        "rope_grid_offset": "rope_grid_offset",
+        "rope_grid_indexing": "rope_grid_indexing",
+        "attn_pool_num_heads": "attn_pool_num_heads",
+        "attn_pool_mlp_ratio": "attn_pool_mlp_ratio",
     },  # fmt: skip
     "vitamin": {"act": "act_layer", "pos_embed": "pos_embed"},
     "convnext": {"kernel_size": "kernel_sizes", "norm_eps": "norm_eps"},
@@ -339,6 +365,8 @@ def timm_kwargs(module: str, config: Any, base: Any) -> dict[str, Any]:
             "stem_width": config.stem_width,
         }
         diff = {k: v for k, v in diff.items() if k not in _VITAMIN_STEM}
+    if module == "eva" and diff.get("pool_include_prefix", ...) == (config.global_pool == "map"):
+        del diff["pool_include_prefix"]  # (an Eva's: its global_pool's)
     same = {"convnext": CONVNEXT_SAME_ARGS, "swin_transformer": SWIN_SAME_ARGS | {"global_pool"}}
     same = same.get(module, SAME_ARGS | {"global_pool"})
     names = TIMM_NAMES.get(module, {})

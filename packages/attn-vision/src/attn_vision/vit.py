@@ -11,7 +11,12 @@ token and ``head_dist`` on the distillation token), LayerScale (``init_values``)
 position embedding over the patches only (``no_embed_class``), the MAP head
 (``global_pool="map"``, :class:`~attn_vision.attention_pool.AttentionPoolLatent`, SigLIP)
 and an attention output bias separate from the qkv bias (``proj_bias``); timm ``Eva``'s
-residual post-norm blocks (``post_norm``, :class:`ResPostNormBlock`: EVA02-E).
+residual post-norm blocks (``post_norm``, :class:`ResPostNormBlock`: EVA02-E) and what
+Meta's Perception Encoder (timm ``vit_pe_core_*``) adds to EVA02's RoPE: a grid offset and
+column-first bands (``rope_grid_offset``, ``rope_grid_indexing="xy"``,
+:class:`XYAxialRotaryEmbedding`), a MAP head with its own heads / MLP ratio
+(``attn_pool_num_heads``, ``attn_pool_mlp_ratio``) that reads the [CLS] token too
+(``pool_include_prefix``).
 
 Inference fast path (``fast_inference``, on by default; switched for a whole model by
 :func:`attn_core.fast_inference.enable` / ``disable``): the blocks and the patch embedding run
@@ -41,9 +46,16 @@ from torch import nn
 from .attention_pool import AttentionPoolLatent
 from .patch_embed import PatchEmbed, resample_abs_pos_embed, to_2tuple
 
-__all__ = ["AttentionPoolLatent", "ResPostNormBlock", "ViTConfig", "VisionTransformer"]
+__all__ = [
+    "AttentionPoolLatent",
+    "ResPostNormBlock",
+    "ViTConfig",
+    "VisionTransformer",
+    "XYAxialRotaryEmbedding",
+]
 
 GLOBAL_POOLS = ("token", "avg", "map", "")
+ROPE_GRID_INDEXINGS = ("ij", "xy")
 
 
 def _check_pool(global_pool: str, class_token: bool, dist_token: bool) -> None:
@@ -69,6 +81,35 @@ class ResPostNormBlock(TransformerBlock):
 
     def fused_supported(self) -> bool:
         return False
+
+
+class XYAxialRotaryEmbedding(AxialRotaryEmbedding):
+    """:class:`~attn_core.AxialRotaryEmbedding` with timm's ``grid_indexing="xy"`` (PE-Core):
+    the column frequencies come first in each head (``[x | y]`` bands instead of
+    ``[y | x]``); ``ref_grid`` is still ``(rows, cols)``. Computed as the row-first table of
+    the transposed grid, transposed back to row-major patch order."""
+
+    def __init__(
+        self,
+        dim: int,
+        base: float = 10000.0,
+        ref_grid: tuple[int, int] | None = None,
+        grid_offset: float = 0.0,
+        interleaved: bool = True,
+    ) -> None:
+        swapped = tuple(ref_grid[::-1]) if ref_grid is not None else None
+        super().__init__(dim, base, swapped, grid_offset, interleaved)
+
+    def cos_sin(
+        self, grid: tuple[int, int], dtype: torch.dtype = torch.float32
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        gh, gw = grid
+        cos, sin = super().cos_sin((gw, gh), dtype)  # (gw * gh, dim): patch (r, c) at c * gh + r
+
+        def row_major(t: torch.Tensor) -> torch.Tensor:
+            return t.view(gw, gh, -1).transpose(0, 1).reshape(gh * gw, -1)
+
+        return row_major(cos), row_major(sin)
 
 
 @dataclass
@@ -103,6 +144,12 @@ class ViTConfig:
     post_norm: bool = False  # res-post-norm blocks: x + norm(branch(x)) (timm Eva use_post_norm)
     rope: bool = False  # 2D axial RoPE on the patch tokens' queries / keys (EVA02)
     rope_ref_grid: tuple[int, int] | None = None  # RoPE positions scaled onto this grid
+    rope_grid_offset: float = 0.0  # added to the RoPE row / column indices (PE-Core: 1)
+    rope_grid_indexing: str = "ij"  # "ij": RoPE bands [rows | cols]; "xy": [cols | rows] (PE)
+    # "avg" / "map" pools read the prefix tokens too (timm; an Eva's MAP head always does)
+    pool_include_prefix: bool = False
+    attn_pool_num_heads: int | None = None  # MAP head's attention heads; None = num_heads
+    attn_pool_mlp_ratio: float | None = None  # MAP head's MLP ratio; None = mlp_ratio
     init_values: float | None = None  # LayerScale init; None = no layer scale
     dynamic_img_size: bool = True  # accept any size divisible by the patch (pos-embed resampled)
     drop_rate: float = 0.0  # dropout before the classifier
@@ -121,6 +168,9 @@ class ViTConfig:
             raise ValueError("post_norm=True blocks have no layer scale: expected init_values=None")
         if self.rope_ref_grid is not None:
             self.rope_ref_grid = tuple(self.rope_ref_grid)
+        if self.rope_grid_indexing not in ROPE_GRID_INDEXINGS:
+            raise ValueError(f"rope_grid_indexing must be one of {ROPE_GRID_INDEXINGS}, got "
+                             f"{self.rope_grid_indexing!r}")  # fmt: skip
         if self.rope and (self.embed_dim // self.num_heads) % 4:
             raise ValueError(f"rope=True needs a head width divisible by 4, got {self.embed_dim}"
                              f" / {self.num_heads}")  # fmt: skip
@@ -209,10 +259,21 @@ class VisionTransformer(nn.Module):
             ]
         )
         head_dim = D // c.num_heads
-        self.rope = AxialRotaryEmbedding(head_dim, ref_grid=c.rope_ref_grid) if c.rope else None
+        rope_cls = XYAxialRotaryEmbedding if c.rope_grid_indexing == "xy" else AxialRotaryEmbedding
+        self.rope = (
+            rope_cls(head_dim, ref_grid=c.rope_ref_grid, grid_offset=c.rope_grid_offset)
+            if c.rope
+            else None
+        )
         self.norm = norm_layer(D) if c.final_norm and not use_fc_norm else nn.Identity()
         self.attn_pool = (
-            AttentionPoolLatent(D, c.num_heads, c.mlp_ratio, norm_layer=norm_layer, act=c.act)
+            AttentionPoolLatent(
+                D,
+                c.attn_pool_num_heads or c.num_heads,
+                c.attn_pool_mlp_ratio or c.mlp_ratio,
+                norm_layer=norm_layer,
+                act=c.act,
+            )
             if c.global_pool == "map"
             else None
         )
@@ -349,15 +410,16 @@ class VisionTransformer(nn.Module):
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, N, D)`` -> ``(B, D)``: the [CLS] token, the mean of the patch tokens or
-        the MAP head over them (prefix tokens left out); ``""`` = no pool."""
+        the MAP head over them (prefix tokens left out unless ``pool_include_prefix``);
+        ``""`` = no pool."""
         pool = self.config.global_pool
         if pool == "token":
             return x[:, 0]
-        if pool == "avg":
-            return x[:, self.num_prefix_tokens :].mean(dim=1)
-        if pool == "map":
-            return self.attn_pool(x[:, self.num_prefix_tokens :])
-        return x
+        if pool not in ("avg", "map"):
+            return x
+        if not self.config.pool_include_prefix:
+            x = x[:, self.num_prefix_tokens :]
+        return x.mean(dim=1) if pool == "avg" else self.attn_pool(x)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """``(B, N, D)`` tokens -> ``(B, K)`` logits (or ``(B, D)`` with ``pre_logits``).
