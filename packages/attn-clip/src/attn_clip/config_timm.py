@@ -25,6 +25,7 @@ from attn_vision.pretrained import read_table
 from attn_vision.registry import ModelSpec, get_model_spec, list_models, timm_model_config
 from attn_vision.timm_args import timm_kwargs
 
+from .config_mobileclip import MOBILECLIP_FAMILIES, mobileclip_timm_args, mobileclip_vision_config
 from .tower_config import (
     CONVNEXT_FIELDS,
     EVA_FIELDS,
@@ -60,7 +61,8 @@ def _preset(name: str) -> ModelSpec:
         refused = read_table().get("unsupported", {}).get(name)
         if refused:
             raise ValueError(f"timm {name!r} with {', '.join(refused)}: not an attn_vision preset")
-        raise ValueError("not an attn_vision ViT, Eva, ViTamin, ConvNeXt or Swin preset")
+        raise ValueError("not an attn_vision ViT, Eva, ViTamin, ConvNeXt, Swin, FastViT or MCi "
+                         "ViT preset")  # fmt: skip
     return get_model_spec(name)
 
 
@@ -117,10 +119,11 @@ def timm_vision_config(
         "vitamin": _vitamin_tower,
         "convnext": _convnext_tower,
         "swin": _swin_tower,
+        **dict.fromkeys(MOBILECLIP_FAMILIES, mobileclip_vision_config),  # MobileCLIP's
     }.get(spec.family)
     if build is None:
         raise ValueError(f"an attn_vision {spec.family} preset, not a ViT, Eva, ViTamin, "
-                         "ConvNeXt or Swin")  # fmt: skip
+                         "ConvNeXt, Swin, FastViT or MCi ViT")  # fmt: skip
     return build(name, spec, args, image_size, timm_pool, timm_proj, bool(timm_proj_bias))
 
 
@@ -314,6 +317,8 @@ def timm_vision_cfg(v: CLIPVisionConfig) -> dict[str, Any]:
         same = False
     if same:
         return out
+    if v.fastvit is not None or v.mci is not None:  # MobileCLIP's (attn_clip.config_mobileclip)
+        return {**out, "timm_model_args": mobileclip_timm_args(v)}
     base = timm_model_config(name, {"global_pool": pool} if pool else None)
     changes = _trunk_changes(v, base)
     args = timm_kwargs(spec.timm_module, dataclasses.replace(base, **changes), base)

@@ -46,6 +46,7 @@ from .config import (
     PreprocessConfig,
 )
 from .convert import detect_format, fit_to_model, to_attn_clip, to_open_clip
+from .mobileclip import convert_trunk
 from .model import CLIP
 from .pretrained import (
     DIR_WEIGHTS,
@@ -181,6 +182,8 @@ def load_checkpoint(
         sd = to_attn_clip(state_dict, detect_format(state_dict), text=model.config.text)
     except ValueError as e:
         raise hub.CheckpointError(f"{source}: {e}") from None
+    # a FastViT tower (MobileCLIP): timm's reparameterized layout folded the rest of the way
+    sd = convert_trunk(sd, model.config.vision, model.config.embed_dim)
     sd = fit_to_model(sd, model.state_dict())
     return hub.load_state_dict(model, sd, source=source)
 

@@ -366,6 +366,7 @@ COVERAGE_FAMILIES = (
     ("EVA-CLIP (EVA01 / EVA02)", lambda n: n.startswith("EVA")),
     ("ViTamin", lambda n: n.startswith("ViTamin")),
     ("PE-Core (Perception Encoder)", lambda n: n.startswith("PE-Core")),
+    ("MobileCLIP / MobileCLIP2 (FastViT / MCi)", lambda n: n.startswith("MobileCLIP")),
     (
         "Hugging Face text towers (XLM-R, RoBERTa, NLLB, mT5)",
         lambda n: n.startswith(("xlm-roberta-", "roberta-", "nllb-clip-", "mt5-", "coca_roberta-")),

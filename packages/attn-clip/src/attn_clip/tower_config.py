@@ -18,6 +18,9 @@ Three kinds of image tower (:attr:`CLIPVisionConfig.tower`), as open_clip decide
 * ``"swin"``: a timm Swin Transformer trunk (``timm_model_name="swin_base_patch4_window7_224"``,
   :attr:`CLIPVisionConfig.swin`), its final LayerNorm'd map average pooled, then the same
   ``timm_proj`` head as a ConvNeXt's;
+* ``"fastvit"``: MobileCLIP's timm FastViT / MCi trunk (``timm_model_name="fastvit_mci2"``,
+  :attr:`CLIPVisionConfig.fastvit`), average pooled into timm's own classifier as the
+  projection (:mod:`attn_clip.mobileclip`);
 * ``"resnet"``: OpenAI's ModifiedResNet (``vision_cfg.layers`` a list of stage depths).
 
 A timm ViTamin (``timm_model_name="vitamin_small_224"``) is a ``"vit"`` tower too: a ViT on a
@@ -36,6 +39,8 @@ from attn_vision.convnext import ConvNeXtConfig
 from attn_vision.patch_embed import to_2tuple
 from attn_vision.swin import SwinConfig
 from attn_vision.vitamin import VitaminConfig
+
+from .mobileclip import check_vision_config as _check_mobileclip
 
 __all__ = ["CLIPTextConfig", "CLIPVisionConfig", "MultimodalConfig", "PreprocessConfig"]
 
@@ -119,6 +124,10 @@ class CLIPVisionConfig:
     swin: dict[str, Any] | None = None  # a Swin: its attn_vision SwinConfig fields (SWIN_FIELDS)
     eva: dict[str, Any] | None = None  # a timm Eva ViT: its EVA_FIELDS (RoPE, inner norms, ...)
     vitamin: dict[str, Any] | None = None  # a timm ViTamin: its VITAMIN_FIELDS (the conv stem)
+    # MobileCLIP (attn_clip.mobileclip): a timm FastViT / MCi's FASTVIT_FIELDS, or the MCi
+    # ViT's (vit_base_mci_224, a "vit" tower) conv-stem MCI_FIELDS
+    fastvit: dict[str, Any] | None = None
+    mci: dict[str, Any] | None = None
     # CoCa's attentional pooler: attn_pooler_queries learned queries (attn_pooler_heads heads)
     # attend over the last block's tokens; query 0 is pooled (ln_post, proj), the others are
     # the image tokens the captioner's decoder reads (open_clip's original CoCa setup)
@@ -170,6 +179,10 @@ class CLIPVisionConfig:
                     f"proj_type 'linear' or 'none', got {self.patch_size}, {self.patch_bias}, "
                     f"{self.proj_type!r}"
                 )
+        if self.fastvit is not None or self.mci is not None:  # MobileCLIP's towers
+            _check_mobileclip(self)
+            if self.fastvit is not None:
+                return
         if self.convnext is not None and self.swin is not None:
             raise ValueError("a tower is a ConvNeXt (convnext=) or a Swin (swin=), not both")
         if self.convnext is not None:
@@ -219,6 +232,8 @@ class CLIPVisionConfig:
             return "convnext"
         if self.swin is not None:
             return "swin"
+        if self.fastvit is not None:
+            return "fastvit"
         return "resnet" if isinstance(self.layers, tuple) else "vit"
 
     @property

@@ -33,6 +33,10 @@ trunk (its final LayerNorm'd ``(B, H / 32, W / 32, D)`` map average pooled). A R
 is OpenAI's ModifiedResNet (:mod:`attn_clip.modified_resnet`), whose attention pool ends in
 the projection (``trunk.attnpool.c_proj``).
 
+A MobileCLIP tower (``fastvit_mci*``, ``vit_base_mci_224``) is attn_vision's FastViT / MCi
+ViT whose timm classifier ``trunk.head`` is the projection (:mod:`attn_clip.mobileclip`;
+``reparameterize()`` folds it for inference).
+
 A CoCa tower (``attentional_pool=True``) is open_clip's ViT whose last block's tokens (no
 ``ln_post`` on them) go through an :class:`AttentionalPooler`: ``Q`` learned queries, each
 an ``embed_dim``-wide token; ``ln_post`` then normalises the ``Q`` outputs, query 0 is
@@ -53,6 +57,7 @@ from attn_vision.vit import VisionTransformer, ViTConfig
 from attn_vision.vitamin import Vitamin, VitaminConfig
 from torch import nn
 
+from . import mobileclip
 from .config import CLIPVisionConfig
 from .modified_resnet import ModifiedResNet
 from .tower_config import EVA_LAYOUT
@@ -82,6 +87,8 @@ def vit_config(c: CLIPVisionConfig, embed_dim: int = 0) -> ViTConfig:
         act=c.act,
         init_values=c.ls_init_value,
     )
+    if c.mci is not None:  # MobileCLIP-B's MCi ViT: the conv stem's fields
+        return mobileclip.mci_vit_config(common, c.mci)
     if c.vitamin is not None:  # the conv stem's fields
         return VitaminConfig(**common, **c.vitamin)
     eva = {k: v for k, v in (c.eva or {}).items() if k not in EVA_LAYOUT}
@@ -148,7 +155,10 @@ def build_trunk(config: CLIPVisionConfig, embed_dim: int, weight_init: bool = Tr
     if config.tower == "swin":  # (its image size fixed: the shift masks depend on it)
         swin = SwinConfig(**config.swin, img_size=config.image_size, num_classes=0)
         return SwinTransformer(swin, weight_init=weight_init)
+    if config.tower == "fastvit":  # MobileCLIP's FastViT / MCi, timm's head its projection
+        return mobileclip.fastvit_trunk(config, embed_dim, weight_init)
     vit_cls = Vitamin if config.vitamin is not None else VisionTransformer
+    vit_cls = mobileclip.MciVisionTransformer if config.mci is not None else vit_cls
     return vit_cls(vit_config(config, embed_dim), weight_init=weight_init)
 
 
@@ -180,6 +190,14 @@ class CLIPVisionTower(nn.Module):
         self.head = convnext_head(config, embed_dim) if pooled else None
         if weight_init and self.proj is not None:
             nn.init.normal_(self.proj.weight, std=self.proj.in_features**-0.5)
+
+    def reparameterize(self) -> CLIPVisionTower:
+        """Fold a MobileCLIP tower for inference, in place (:func:`attn_clip.mobileclip.
+        reparameterize`: the multi-branch convolutions, BatchNorms and layer scales; the
+        config records it, so ``save_pretrained`` writes the folded tower); a no-op for an
+        already folded tower and for every other tower. Returns ``self``."""
+        mobileclip.reparameterize(self)
+        return self
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         if not hasattr(self.trunk, "set_grad_checkpointing"):
@@ -221,6 +239,8 @@ class CLIPVisionTower(nn.Module):
         images = self.prepare(images)
         if self.attn_pool is not None:
             return self.forward_tokens(images)[0]
+        if self.config.tower == "fastvit":
+            return self.trunk(images)  # (B, E): timm's head (pool, fc) is the projection
         if self.config.tower != "vit":
             return self.project(self.trunk(images))  # (B, D) pooled -> (B, E)
         # == trunk.forward_head(trunk.forward_features(x), pre_logits=True), but with [CLS]
