@@ -33,7 +33,6 @@ def test_fields_from_open_clip():
     ("name", "offending"),
     [
         ("coca_roberta-ViT-B-32", "text_cfg.hf_model_name"),
-        ("vit_relpos_medium_patch16_cls_224", "not an attn_vision ViT, Eva, ViTamin, ConvNeXt"),
     ],
 )
 def test_unsupported_open_clip_features_are_named(name, offending):

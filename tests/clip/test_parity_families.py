@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from _support.clip import SMALL_VOCAB, small_vocab
 from _support.models import memoized
-from attn_clip import create_model, save_pretrained, to_open_clip
+from attn_clip import CLIPConfig, create_model, save_pretrained, to_open_clip
 from safetensors.torch import load_file, save_file
 from torch.testing import assert_close
 
@@ -49,6 +49,12 @@ CASES = [
     ),
     # a timm Swin tower (shifted windows in stage 3), average pooled, linear head
     ("swin_base_patch4_window7_224", "Swin-B, timm_proj linear", "open_clip_pytorch_model.bin"),
+    # a timm relative-position ViT: no position embedding, a RelPosMlp bias in every block
+    (
+        "vit_relpos_medium_patch16_cls_224",
+        "relpos, class token, linear",
+        "open_clip_model.safetensors",
+    ),
 ]
 VIT_DEPTH = 2
 
@@ -138,6 +144,7 @@ def test_open_clip_checkpoint_files(tmp_path, reference, name, what, filename):
         "MobileCLIP2-L-14": f"visual.trunk.blocks.{VIT_DEPTH - 1}.attn.qkv.weight",
         "vit_medium_patch16_gap_256": "visual.head.proj.weight",
         "swin_base_patch4_window7_224": "visual.trunk.layers.2.blocks.1.attn.qkv.weight",
+        "vit_relpos_medium_patch16_cls_224": "visual.trunk.blocks.1.attn.rel_pos.mlp.fc2.weight",
     }.get(name, "visual.attnpool.c_proj.weight")
     assert head in sd
     path = tmp_path / filename
@@ -153,6 +160,8 @@ def test_open_clip_checkpoint_files(tmp_path, reference, name, what, filename):
     assert_close(image, ref_image, **TOL)
     assert_close(text, ref_text, **TOL)
     assert_close(per_image, ref_logits, **TOL)
+    # open_clip's vision_cfg of the shrunk tower (timm_model_args) reads back the same
+    assert CLIPConfig.from_open_clip(ours.config.to_open_clip()) == ours.config
     # back to open_clip's (CLIP-layout) names: every tensor where open_clip has it (a
     # CustomTextCLIP's text.* keys as open_clip's loader maps CLIP's onto it)
     back = to_open_clip(ours.state_dict(), ours.config.vision)

@@ -26,7 +26,7 @@ import torch
 from attn_vision import ViTConfig, create_model, get_model_config, get_pretrained_cfg, list_models
 from attn_vision.registry import FAMILIES, get_model_spec
 from attn_vision.timm_args import vit_args
-from attn_vision.timm_table import main, timm_eva_args, timm_vit_args
+from attn_vision.timm_table import main, timm_eva_args, timm_relpos_args, timm_vit_args
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "vision.md"
 TABLE = Path(__file__).with_name("data") / "timm_layouts.json"
@@ -184,6 +184,8 @@ def test_fold_and_unfold_are_inverses() -> None:
 # -- forward parity: one preset per feature value --------------------------------------------
 
 SIZES = {"img_size", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "num_classes"}
+# (a RoPE's reference grid is a size too: every case's 4 x 4 grid is scaled onto its own)
+SIZES |= {"rope_ref_grid", "rel_pos_dim", "attn_pool_num_heads", "attn_pool_mlp_ratio"}
 
 
 def _features(name: str) -> frozenset:
@@ -248,7 +250,7 @@ def test_timm_kwargs_translate_or_are_named() -> None:
     )
     assert args == dict(patch_size=14, reg_tokens=4, act="gelu_tanh", dist_token=True)
     assert unsupported == ["qk_norm=True"]
-    table = {**timm_vit_args(), **timm_eva_args()}
+    table = {**timm_vit_args(), **timm_eva_args(), **timm_relpos_args()}
     assert table["vit_small_patch14_reg4_dinov2"][0]["reg_tokens"] == 4
     assert table["vit_giant_patch14_dinov2"][1]  # GluMlp: named, not built
     assert "vit_giant_patch14_dinov2" not in list_models()

@@ -96,6 +96,7 @@ def _vit_fields(c: Any, image_size: Any) -> dict[str, Any]:
         norm_eps=c.norm_eps,
         class_token=c.class_token,
         qkv_bias=c.qkv_bias,
+        rel_pos_dim=c.rel_pos_dim if getattr(c, "rel_pos", "") else None,
     )
 
 
@@ -148,6 +149,8 @@ def _vit_tower(
     pool_args = {"global_pool": pool} if pool in pools else {}
     c = timm_model_config(name, {**args, **pool_args})
     fixed = _changed(c, _EVA_FIXED if eva else (*_VIT_FIXED, *_EVA_ONLY))
+    if (c.pos_embed == "none") != (c.rel_pos == "mlp"):  # (timm's ViTs: one or the other)
+        fixed.append(f"pos_embed={c.pos_embed!r} with rel_pos={c.rel_pos!r}")
     bad = fixed + _image_size(c, image_size) + bad
     if bad:
         raise ValueError(f"timm {'EVA' if eva else 'ViT'} {name!r} with {', '.join(bad)}")
@@ -272,6 +275,10 @@ def _trunk_changes(v: CLIPVisionConfig, base: Any) -> dict[str, Any]:
         )
         if v.vitamin is None:
             want["patch_bias"] = v.patch_bias
+            relpos = v.rel_pos_dim is not None  # (timm vit_relpos_*)
+            want.update(rel_pos="mlp" if relpos else "", pos_embed="none" if relpos else "learn")
+            if relpos:
+                want["rel_pos_dim"] = v.rel_pos_dim
         if v.vitamin is not None and v.vitamin["pos_embed"] == "none":
             del want["img_size"]  # (no position embedding: any size)
         if v.act != "swiglu":

@@ -113,6 +113,9 @@ class CLIPVisionConfig:
     norm_eps: float = 1e-5  # LayerNorm epsilon
     class_token: bool = True  # prepend a class token (SigLIP's towers have none)
     qkv_bias: bool = True  # bias in the qkv projection (timm vit_medium_*_gap / vit_relpos_*: none)
+    # timm vit_relpos_*: a log-coordinate MLP relative position bias of this hidden width in
+    # every block, and no absolute position embedding; None = the usual learned positions
+    rel_pos_dim: int | None = None
     patch_bias: bool = False  # bias in the patch embedding (timm's SigLIP and Eva towers)
     # "linear" (ViT: bias-free; ConvNeXt: open_clip's head.proj), "mlp" (ConvNeXt: head.mlp,
     # Linear-GELU-Linear, 2 * embed_dim wide), "head" (timm ViT / Eva: the trunk's own
@@ -153,11 +156,10 @@ class CLIPVisionConfig:
                 f"vision proj_type must be 'linear', 'mlp', 'head' or 'none', got "
                 f"{self.proj_type!r}"
             )
-        if (
-            self.eva is not None or self.proj_type == "head" or not self.qkv_bias
-        ) and not self.timm_model_name:
-            raise ValueError("eva=, proj_type='head' and qkv_bias=False describe a timm tower: "
-                             "they need a timm_model_name")  # fmt: skip
+        timm_only = self.proj_type == "head" or not self.qkv_bias or self.rel_pos_dim is not None
+        if (self.eva is not None or timm_only) and not self.timm_model_name:
+            raise ValueError("eva=, proj_type='head', qkv_bias=False and rel_pos_dim describe a "
+                             "timm tower: they need a timm_model_name")  # fmt: skip
         if self.eva is not None:
             self.eva = _eva_fields(self.eva)
             if self.convnext is not None or isinstance(self.layers, tuple):

@@ -92,6 +92,8 @@ def vit_config(c: CLIPVisionConfig, embed_dim: int = 0) -> ViTConfig:
     if c.vitamin is not None:  # the conv stem's fields
         return VitaminConfig(**common, **c.vitamin)
     eva = {k: v for k, v in (c.eva or {}).items() if k not in EVA_LAYOUT}
+    if c.rel_pos_dim is not None:  # timm vit_relpos_*: relative positions only
+        eva.update(rel_pos="mlp", rel_pos_dim=c.rel_pos_dim, pos_embed="none")
     return ViTConfig(
         **common,
         patch_bias=c.patch_bias,  # CLIP: never (CLIPA too, although it has no ln_pre)

@@ -26,6 +26,7 @@ __all__ = [
     "convnext_args",
     "eva_args",
     "eva_layout",
+    "relpos_args",
     "swin_args",
     "timm_kwargs",
     "vit_args",
@@ -65,7 +66,17 @@ TIMM_CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
     "vitamin": {"global_pool": "token", "class_token": True, "pos_embed": "learn"},
     "convnext": {},
     "swin_transformer": {},
+    # VisionTransformerRelPos: no class token, GAP, LayerScale, a RelPosMlp per block
+    "vision_transformer_relpos": {
+        "global_pool": "avg",
+        "class_token": False,
+        "init_values": 1e-6,
+        "fc_norm": False,
+        "rel_pos_type": "mlp",
+    },  # fmt: skip
 }
+# timm's vision_transformer_relpos block classes (by name): pre-norm, or res-post-norm
+RELPOS_BLOCKS = {"RelPosBlock": False, "ResPostRelPosBlock": True}
 
 
 def _describe(value: Any) -> str:
@@ -170,6 +181,38 @@ def eva_args(kwargs: dict[str, Any], base: Any = None) -> tuple[dict[str, Any], 
     post_norm = args.get("post_norm", getattr(base, "post_norm", False))
     if post_norm and args.get("init_values", getattr(base, "init_values", None)) is not None:
         args["init_values"] = None  # (timm's post-norm blocks ignore it: no layer scale)
+    return args, unsupported
+
+
+def relpos_args(kwargs: dict[str, Any], base: Any = None) -> tuple[dict[str, Any], list[str]]:
+    """timm ``VisionTransformerRelPos`` kwargs (``vit_relpos_*``) -> ``(ViTConfig args, what
+    we cannot express)``: a ViT without absolute position embedding (``pos_embed="none"``,
+    always) whose blocks add timm's ``RelPosMlp`` bias (``rel_pos_type="mlp"``: our
+    ``rel_pos="mlp"``, ``rel_pos_dim`` its hidden width); ``block_fn=ResPostRelPosBlock`` is
+    ``post_norm`` (its ``init_values`` only initializes the norms: ignored, as timm's
+    LayerScale-free blocks have none)."""
+    args: dict[str, Any] = {"pos_embed": "none"}
+    unsupported: list[str] = []
+    for key, value in kwargs.items():
+        if key == "rel_pos_type" and value == "mlp":
+            args["rel_pos"] = "mlp"
+        elif key == "rel_pos_dim":
+            if value:  # (None / 0: RelPosMlp's default)
+                args["rel_pos_dim"] = int(value)
+        elif key == "shared_rel_pos" and not value:
+            continue
+        elif key == "block_fn" and getattr(value, "__name__", value) in RELPOS_BLOCKS:
+            args["post_norm"] = RELPOS_BLOCKS[getattr(value, "__name__", value)]
+        elif key in SAME_ARGS - {"pool_include_prefix"} or key in (
+            "global_pool", "act_layer", "norm_layer",
+        ):  # fmt: skip
+            more, bad = vit_args({key: value})
+            args.update(more)
+            unsupported += bad
+        else:
+            unsupported.append(f"{key}={_describe(value)}")
+    if args.get("post_norm", getattr(base, "post_norm", False)):
+        args["init_values"] = None
     return args, unsupported
 
 
@@ -312,6 +355,7 @@ TIMM_TRANSLATORS = {
     "vitamin": vitamin_args,
     "convnext": convnext_args,
     "swin_transformer": swin_args,
+    "vision_transformer_relpos": relpos_args,
 }
 
 
@@ -335,6 +379,11 @@ TIMM_NAMES: dict[str, dict[str, str]] = {
     "vitamin": {"act": "act_layer", "pos_embed": "pos_embed"},
     "convnext": {"kernel_size": "kernel_sizes", "norm_eps": "norm_eps"},
     "swin_transformer": {},
+    "vision_transformer_relpos": {
+        "act": "act_layer",
+        "rel_pos": "rel_pos_type",
+        "rel_pos_dim": "rel_pos_dim",
+    },  # fmt: skip
 }
 _EVA_MLP = ("act", "mlp_gate_last", "mlp_inner_norm")  # timm: swiglu_mlp + scale_mlp
 _VITAMIN_STEM = ("stem_width", "conv_dims", "conv_depths")  # timm: embed_cfg

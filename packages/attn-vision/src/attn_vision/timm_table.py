@@ -44,6 +44,7 @@ __all__ = [
     "timm_eva_args",
     "timm_fastvit_args",
     "timm_pretrained_table",
+    "timm_relpos_args",
     "timm_swin_args",
     "timm_vit_args",
     "timm_vitamin_args",
@@ -120,7 +121,8 @@ def timm_vit_args() -> dict[str, tuple[dict[str, Any], list[str]]]:
 # timm modules recorded whole (every architecture), with the builder their entrypoints call
 BUILDERS = {"eva": "_create_eva", "vitamin": "_create_vitamin", "convnext": "_create_convnext",
             "swin_transformer": "_create_swin_transformer",
-            "fastvit": "_create_fastvit"}  # fmt: skip
+            "fastvit": "_create_fastvit",
+            "vision_transformer_relpos": "_create_vision_transformer_relpos"}  # fmt: skip
 
 
 @functools.cache
@@ -148,6 +150,11 @@ def timm_vitamin_args() -> dict[str, tuple[dict[str, Any], list[str]]]:
 def timm_convnext_args() -> dict[str, tuple[dict[str, Any], list[str]]]:
     """``arch -> convnext_args(kwargs)`` for every timm architecture in ``convnext``."""
     return _translated("convnext", timm_module_kwargs("convnext"))
+
+
+def timm_relpos_args() -> dict[str, tuple[dict[str, Any], list[str]]]:
+    """``arch -> relpos_args(kwargs)`` for every timm ``vision_transformer_relpos`` arch."""
+    return _translated("vision_transformer_relpos", timm_module_kwargs("vision_transformer_relpos"))
 
 
 def timm_swin_args() -> dict[str, tuple[dict[str, Any], list[str]]]:
@@ -198,6 +205,7 @@ def timm_pretrained_table() -> dict[str, Any]:
     translated = {
         "vision_transformer": timm_vit_args(),
         "eva": timm_eva_args(),
+        "vision_transformer_relpos": timm_relpos_args(),
     }
     for module, table in translated.items():
         for arch, (args, refused) in table.items():

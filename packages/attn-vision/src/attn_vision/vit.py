@@ -16,7 +16,9 @@ Meta's Perception Encoder (timm ``vit_pe_core_*``) adds to EVA02's RoPE: a grid 
 column-first bands (``rope_grid_offset``, ``rope_grid_indexing="xy"``,
 :class:`XYAxialRotaryEmbedding`), a MAP head with its own heads / MLP ratio
 (``attn_pool_num_heads``, ``attn_pool_mlp_ratio``) that reads the [CLS] token too
-(``pool_include_prefix``).
+(``pool_include_prefix``); timm's relative-position ViTs (``vit_relpos_*``): no absolute
+position embedding (``pos_embed="none"``) and a log-coordinate MLP bias per block
+(``rel_pos="mlp"``, :class:`RelPosMlp`, as ``blocks.{i}.attn.rel_pos``).
 
 Inference fast path (``fast_inference``, on by default; switched for a whole model by
 :func:`attn_core.fast_inference.enable` / ``disable``): the blocks and the patch embedding run
@@ -39,15 +41,17 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
-from attn_core import AxialRotaryEmbedding, TransformerBlock
+from attn_core import AxialRotaryEmbedding, FeedForward, TransformerBlock
 from attn_core.fast_inference import fast_path_available, patchify, run_blocks
 from torch import nn
 
 from .attention_pool import AttentionPoolLatent
 from .patch_embed import PatchEmbed, resample_abs_pos_embed, to_2tuple
+from .swin import relative_position_index
 
 __all__ = [
     "AttentionPoolLatent",
+    "RelPosMlp",
     "ResPostNormBlock",
     "ViTConfig",
     "VisionTransformer",
@@ -56,6 +60,8 @@ __all__ = [
 
 GLOBAL_POOLS = ("token", "avg", "map", "")
 ROPE_GRID_INDEXINGS = ("ij", "xy")
+POS_EMBEDS = ("learn", "none")  # a learned absolute position embedding, or none
+REL_POS = ("", "mlp")  # no relative position bias, or timm's RelPosMlp
 
 
 def _check_pool(global_pool: str, class_token: bool, dist_token: bool) -> None:
@@ -112,6 +118,30 @@ class XYAxialRotaryEmbedding(AxialRotaryEmbedding):
         return row_major(cos), row_major(sin)
 
 
+class RelPosMlp(nn.Module):
+    """timm's ``RelPosMlp`` (its ``"cr"`` mode; after Swin-V2): an MLP maps each (dy, dx)
+    offset between two patches, as ``sign(d) * log(1 + |d|)``, to an additive attention bias
+    per head. ``(gh, gw)`` grid -> ``(1, Hd, P + L, P + L)`` (0 for the ``P`` prefix tokens'
+    rows and columns), computed for the grid it is given (any image size)."""
+
+    def __init__(self, num_heads: int, hidden_dim: int = 128) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.mlp = FeedForward(2, hidden_dim, num_heads, act="relu", dropout=0.125)
+
+    def forward(self, grid: tuple[int, int], num_prefix_tokens: int = 0) -> torch.Tensor:
+        (gh, gw), w = grid, self.mlp.fc1.weight
+        f32 = dict(device=w.device, dtype=torch.float32)
+        offsets = [torch.arange(-(n - 1), n, **f32) for n in (gh, gw)]
+        coords = torch.stack(torch.meshgrid(*offsets, indexing="ij"), dim=-1)  # (2gh-1, 2gw-1, 2)
+        coords = torch.sign(coords) * torch.log(1.0 + coords.abs())
+        table = self.mlp(coords.to(w.dtype)).view(-1, self.num_heads)  # (offsets, Hd)
+        index = relative_position_index((gh, gw)).to(w.device).view(-1)  # (L * L,)
+        bias = table[index].view(gh * gw, gh * gw, -1).permute(2, 0, 1)  # (Hd, L, L)
+        P = num_prefix_tokens
+        return F.pad(bias, (P, 0, P, 0))[None]  # (1, Hd, N, N)
+
+
 @dataclass
 class ViTConfig:
     """Architecture of a :class:`VisionTransformer` (field names follow timm's kwargs)."""
@@ -146,6 +176,9 @@ class ViTConfig:
     rope_ref_grid: tuple[int, int] | None = None  # RoPE positions scaled onto this grid
     rope_grid_offset: float = 0.0  # added to the RoPE row / column indices (PE-Core: 1)
     rope_grid_indexing: str = "ij"  # "ij": RoPE bands [rows | cols]; "xy": [cols | rows] (PE)
+    pos_embed: str = "learn"  # "learn" (a learned absolute position embedding) or "none"
+    rel_pos: str = ""  # "mlp": a RelPosMlp bias in every block (timm vit_relpos_*); "" none
+    rel_pos_dim: int = 128  # hidden width of the RelPosMlp
     # "avg" / "map" pools read the prefix tokens too (timm; an Eva's MAP head always does)
     pool_include_prefix: bool = False
     attn_pool_num_heads: int | None = None  # MAP head's attention heads; None = num_heads
@@ -168,6 +201,10 @@ class ViTConfig:
             raise ValueError("post_norm=True blocks have no layer scale: expected init_values=None")
         if self.rope_ref_grid is not None:
             self.rope_ref_grid = tuple(self.rope_ref_grid)
+        if self.pos_embed not in POS_EMBEDS:
+            raise ValueError(f"pos_embed must be one of {POS_EMBEDS}, got {self.pos_embed!r}")
+        if self.rel_pos not in REL_POS:
+            raise ValueError(f"rel_pos must be one of {REL_POS}, got {self.rel_pos!r}")
         if self.rope_grid_indexing not in ROPE_GRID_INDEXINGS:
             raise ValueError(f"rope_grid_indexing must be one of {ROPE_GRID_INDEXINGS}, got "
                              f"{self.rope_grid_indexing!r}")  # fmt: skip
@@ -231,7 +268,8 @@ class VisionTransformer(nn.Module):
         self.dist_token = nn.Parameter(torch.zeros(1, 1, D)) if c.dist_token else None
         self.reg_token = nn.Parameter(torch.zeros(1, c.reg_tokens, D)) if c.reg_tokens else None
         embed_len = num_patches if c.no_embed_class else num_patches + self.num_prefix_tokens
-        self.pos_embed = nn.Parameter(torch.zeros(1, embed_len, D))
+        learned = c.pos_embed == "learn"
+        self.pos_embed = nn.Parameter(torch.zeros(1, embed_len, D)) if learned else None
         self.pos_drop = nn.Dropout(c.pos_drop_rate)
         self.norm_pre = norm_layer(D) if c.pre_norm else nn.Identity()
 
@@ -258,6 +296,9 @@ class VisionTransformer(nn.Module):
                 for i in range(c.depth)
             ]
         )
+        if c.rel_pos == "mlp":  # (timm's names: blocks.{i}.attn.rel_pos; the ViT adds it)
+            for blk in self.blocks:
+                blk.attn.rel_pos = RelPosMlp(c.num_heads, c.rel_pos_dim)
         head_dim = D // c.num_heads
         rope_cls = XYAxialRotaryEmbedding if c.rope_grid_indexing == "xy" else AxialRotaryEmbedding
         self.rope = (
@@ -290,7 +331,8 @@ class VisionTransformer(nn.Module):
     def init_weights(self) -> None:
         """timm's default init: truncated normal (std 0.02) Linear / pos-embed / [DIST],
         tiny [CLS] and registers, the MAP latent with std ``D ** -0.5``."""
-        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        if self.pos_embed is not None:
+            nn.init.trunc_normal_(self.pos_embed, std=0.02)
         for token in (self.cls_token, self.reg_token):
             if token is not None:
                 nn.init.normal_(token, std=1e-6)
@@ -336,15 +378,17 @@ class VisionTransformer(nn.Module):
     def _pos_embed(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, gh, gw, D)`` patch tokens -> ``(B, N, D)``: prefix tokens + positions."""
         B, gh, gw, D = x.shape
+        x = x.reshape(B, gh * gw, D)  # (B, L, D)
+        tokens = (self.cls_token, self.dist_token, self.reg_token)
+        prefix = [t.expand(B, -1, -1) for t in tokens if t is not None]  # P x (B, ., D)
+        if self.pos_embed is None:  # (relative positions only: the blocks' rel_pos)
+            return self.pos_drop(torch.cat(prefix + [x], dim=1))
         pos_embed = resample_abs_pos_embed(  # a no-op at the trained grid size
             self.pos_embed,
             (gh, gw),
             self.patch_embed.grid_size,
             num_prefix_tokens=0 if self.config.no_embed_class else self.num_prefix_tokens,
         )
-        x = x.reshape(B, gh * gw, D)  # (B, L, D)
-        tokens = (self.cls_token, self.dist_token, self.reg_token)
-        prefix = [t.expand(B, -1, -1) for t in tokens if t is not None]  # P x (B, ., D)
         if self.config.no_embed_class:
             x = torch.cat(prefix + [x + pos_embed], dim=1)
         else:
@@ -372,25 +416,48 @@ class VisionTransformer(nn.Module):
         grid = (image_size[0] // p, image_size[1] // p)
         return partial(self.rope, grid=grid, num_prefix_tokens=self.num_prefix_tokens)
 
+    def rel_pos_bias(self, image_size: tuple[int, int]) -> list[torch.Tensor] | None:
+        """Each block's ``(1, Hd, N, N)`` relative position bias for ``(H, W)`` images
+        (``rel_pos="mlp"``; the blocks' additive ``attn_mask``), or None."""
+        if not self.config.rel_pos:
+            return None
+        p = self.config.patch_size
+        grid = (image_size[0] // p, image_size[1] // p)
+        return [blk.attn.rel_pos(grid, self.num_prefix_tokens) for blk in self.blocks]
+
     def _blocks(
-        self, x: torch.Tensor, rotary: Callable | None = None, cls_only: bool = False
+        self,
+        x: torch.Tensor,
+        rotary: Callable | None = None,
+        cls_only: bool = False,
+        biases: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """``(B, N, D)`` tokens through the blocks -> ``(B, N, D)``, or with ``cls_only``
-        only token 0 -> ``(B, 1, D)`` (the fast path computes just that row in the last
-        block)."""
-        if self._fast(x):
-            rows = torch.zeros(x.shape[0], dtype=torch.long, device=x.device) if cls_only else None
+        """``(B, N, D)`` tokens through the blocks (``biases``: each block's additive
+        attention bias, :meth:`rel_pos_bias`) -> ``(B, N, D)``, or with ``cls_only`` only
+        token 0 -> ``(B, 1, D)`` (the fast path computes just that row in the last block)."""
+        fast = self._fast(x)
+        rows = torch.zeros(x.shape[0], dtype=torch.long, device=x.device) if cls_only else None
+        if fast and biases is None:
             return run_blocks(self.blocks, x, rows=rows, rotary=rotary)
-        for blk in self.blocks:
-            if self.grad_checkpointing and torch.is_grad_enabled():
-                x = torch.utils.checkpoint.checkpoint(blk, x, rotary=rotary, use_reentrant=False)
+        last = len(self.blocks) - 1
+        for i, blk in enumerate(self.blocks):
+            bias = None if biases is None else biases[i]
+            if fast:  # (one block at a time: each has its own bias)
+                x = run_blocks([blk], x, attn_mask=bias, rows=rows if i == last else None,
+                               rotary=rotary)  # fmt: skip
+            elif self.grad_checkpointing and torch.is_grad_enabled():
+                x = torch.utils.checkpoint.checkpoint(
+                    blk, x, attn_mask=bias, rotary=rotary, use_reentrant=False
+                )
             else:
-                x = blk(x, rotary=rotary)
-        return x[:, :1] if cls_only else x
+                x = blk(x, attn_mask=bias, rotary=rotary)
+        return x[:, :1] if cls_only and not fast else x
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, C, H, W)`` -> ``(B, N, D)`` final (normed) tokens."""
-        return self.norm(self._blocks(self._embed(x), self.rotary(x.shape[-2:])))
+        size = x.shape[-2:]
+        return self.norm(self._blocks(self._embed(x), self.rotary(size), False,
+                                      self.rel_pos_bias(size)))  # fmt: skip
 
     @property
     def _cls_only(self) -> bool:
@@ -401,12 +468,12 @@ class VisionTransformer(nn.Module):
         """``(B, C, H, W)`` -> ``(B, D)`` pooled features before the head; equals
         ``forward_head(forward_features(x), pre_logits=True)``, but with [CLS] pooling
         passes on only the [CLS] row of the last block."""
-        rotary = self.rotary(x.shape[-2:])
+        rotary, biases = self.rotary(x.shape[-2:]), self.rel_pos_bias(x.shape[-2:])
         x = self._embed(x)
         if self._cls_only:
-            cls = self.norm(self._blocks(x, rotary, cls_only=True))  # (B, 1, D)
+            cls = self.norm(self._blocks(x, rotary, cls_only=True, biases=biases))  # (B, 1, D)
             return self.head_drop(self.fc_norm(cls[:, 0]))
-        return self.forward_head(self.norm(self._blocks(x, rotary)), pre_logits=True)
+        return self.forward_head(self.norm(self._blocks(x, rotary, biases=biases)), pre_logits=True)
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, N, D)`` -> ``(B, D)``: the [CLS] token, the mean of the patch tokens or
@@ -451,8 +518,9 @@ class VisionTransformer(nn.Module):
         returns weights.
         """
         maps, rotary = [], self.rotary(x.shape[-2:])
+        biases = self.rel_pos_bias(x.shape[-2:]) or [None] * len(self.blocks)
         x = self._embed(x)
-        for blk in self.blocks:
-            x, weights = blk(x, need_weights=True, rotary=rotary)
+        for blk, bias in zip(self.blocks, biases, strict=True):
+            x, weights = blk(x, attn_mask=bias, need_weights=True, rotary=rotary)
             maps.append(weights)
         return maps
