@@ -25,7 +25,9 @@ OpenVINO with each runtime alone in its own process, as a deployment runs one of
 ``--alone-model``, ``--precisions``, ``--rounds``; see engines_alone.py); ``caption`` (CoCa
 ViT-B/32 captions, greedy at batch 1 and 8 against the plain loop over open_clip's forward,
 and 6-beam search with its image tower's share; 3 repeats, ``--repeats`` sets them; see
-caption.py).
+caption.py); ``mobileclip`` (MobileCLIP-S2's image tower at 256 px, batch 1 and 8, ours
+folded against open_clip as shipped and after timm's ``reparameterize_model``, and its text
+tower; see mobileclip.py).
 
 Method. Every section builds ours and the references in this one process with identical
 random weights (transformers' random ``CLIPModel`` -> ours through our converter -> open_clip
@@ -72,13 +74,17 @@ SECTIONS = {
     "engines": "engines.bench_engines",
     "engines-alone": "engines_alone.bench_engines_alone",
     "caption": "caption.bench_caption",
+    "mobileclip": "mobileclip.bench_mobileclip",
 }
 CLIP_SECTIONS = ("image", "text", "zeroshot", "compile")
 # compiling takes ~20 s; start-up runs fresh interpreters; the families section builds
 # full-size open_clip models (--only families --quick runs it at 64 px); engines exports
 # ONNX and calibrates int8 (~20 s even tiny); engines-alone starts a process per runtime;
-# caption builds open_clip's CoCa and ours and decodes ~10 s even tiny (--only caption --quick)
-QUICK_SKIP = ("compile", "startup", "families", "engines", "engines-alone", "caption")
+# caption builds open_clip's CoCa and ours and decodes ~10 s even tiny (--only caption --quick);
+# mobileclip builds open_clip's MobileCLIP-S2 and ours (--only mobileclip --quick: one block
+# per stage, 64 px)
+QUICK_SKIP = ("compile", "startup", "families", "engines", "engines-alone", "caption",
+              "mobileclip")  # fmt: skip
 
 
 def section_function(name: str):

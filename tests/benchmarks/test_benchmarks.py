@@ -174,6 +174,29 @@ def test_caption_section_runs_ours_against_open_clips_loop(tmp_path):
     assert result["meta"]["cpu_model"]  # /proc/cpuinfo's model name and vector ISA
 
 
+def test_mobileclip_section_times_the_folded_tower_against_open_clip(tmp_path):
+    """--only mobileclip --quick: a shrunk MobileCLIP-S2 (open_clip's, its folder loaded by
+    ours); at batch 1 and 8 ours folded against open_clip as shipped, after timm's
+    reparameterize_model, and ours unfolded, all within 1e-4 of open_clip; the text tower
+    row; the five goals, each naming the CPU."""
+    result = run_json(tmp_path, "--only", "mobileclip", *ONE)
+    image = [r for r in result["rows"] if "image tower" in r["section"]]
+    impls = {"ours (folded)", "open_clip", "open_clip + timm reparameterize_model",
+             "ours (unfolded)"}  # fmt: skip
+    assert {(r["case"], r["impl"]) for r in image} == {
+        (f"batch {b}, 64 px", impl) for b in (1, 8) for impl in impls
+    }
+    for row in image:
+        assert row["median_ms"] > 0, row
+        assert (row["impl"] == "ours (folded)") == (row["ref_over_ours"] is None), row
+    assert max_diffs(result) and max(max_diffs(result)) <= 1e-4
+    text = [r for r in result["rows"] if "text tower" in r["section"]]
+    assert {r["impl"] for r in text} == {"ours", "open_clip"}
+    goals = [g["name"] for g in result["goals"]]
+    assert len(goals) == 5 and sum("reparameterize_model" in g for g in goals) == 2
+    assert all(result["meta"]["cpu_model"] in g["measured"] for g in result["goals"])
+
+
 def test_products_splits_the_tower_into_products_and_rest(tiny_openvino):
     """investigations.products --quick --kernels: tower, products and rest for ours and
     OpenVINO, our products on 5 kernels; OpenVINO's products are ours (max diff)."""
