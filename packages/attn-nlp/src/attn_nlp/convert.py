@@ -218,24 +218,36 @@ _MARIAN_ACTIVATIONS = {
 }
 
 
+def hf_fields(
+    hf: Mapping[str, Any],
+    what: str,
+    defaults: Mapping[str, Any],
+    aliases: Mapping[str, str],
+    pinned: Mapping[str, tuple[Any, str]],
+) -> dict[str, Any]:
+    """The ``defaults`` keys of a Hugging Face ``config.json`` dict (absent: the default),
+    with each alias (``hidden_size`` for ``d_model``) resolved; an alias that contradicts
+    its name, or a ``pinned`` key (``{key: (the only value computed, what it means)}``) set
+    otherwise, is a ValueError naming it (``what``: e.g. ``"Marian config"``)."""
+    fields = {k: hf.get(k, default) for k, default in defaults.items()}
+    for alias, name in aliases.items():
+        if alias in hf:
+            if name in hf and hf[name] != hf[alias]:
+                raise ValueError(f"{what}: {alias}={hf[alias]!r} contradicts {name}={hf[name]!r}")
+            fields[name] = hf[alias]
+    for key, (value, meaning) in pinned.items():
+        if key in hf and hf[key] != value:
+            raise ValueError(
+                f"{what}: {key}={hf[key]!r} ({meaning}) is not supported; only {key}={value!r}"
+            )
+    return fields
+
+
 def _marian_fields(hf: Mapping[str, Any]) -> dict[str, Any]:
     """The mapped fields of ``hf`` (aliases resolved, defaults filled); refuses the rest."""
     if hf.get("model_type", "marian") != "marian":
         raise ValueError(f"not a Marian config: model_type={hf.get('model_type')!r}")
-    fields = {k: hf.get(k, default) for k, default in _MARIAN_DEFAULTS.items()}
-    for alias, name in _MARIAN_ALIASES.items():
-        if alias in hf:
-            if name in hf and hf[name] != hf[alias]:
-                raise ValueError(
-                    f"Marian config: {alias}={hf[alias]!r} contradicts {name}={hf[name]!r}"
-                )
-            fields[name] = hf[alias]
-    for key, (value, meaning) in _MARIAN_PINNED.items():
-        if key in hf and hf[key] != value:
-            raise ValueError(
-                f"Marian config: {key}={hf[key]!r} ({meaning}) is not supported; "
-                f"only {key}={value!r}"
-            )
+    fields = hf_fields(hf, "Marian config", _MARIAN_DEFAULTS, _MARIAN_ALIASES, _MARIAN_PINNED)
     for key, default in _MARIAN_TRAINING_ONLY.items():
         if hf.get(key, default) != default:
             warnings.warn(

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from .config import config_from_dict
-from .convert import _fuse_attention, _Source
+from .convert import _fuse_attention, _Source, hf_fields
 from .layers import embed_scale, make_block
 
 __all__ = [
@@ -163,19 +163,7 @@ def config_from_hf(hf: Mapping[str, Any]) -> Config:
             f"M2M100 config: {moe} are NLLB-MoE fields (mixture-of-experts MLPs), which are "
             "not supported"
         )
-    f = {k: hf.get(k, default) for k, default in _HF_DEFAULTS.items()}
-    for alias, name in _HF_ALIASES.items():
-        if alias in hf:
-            if name in hf and hf[name] != hf[alias]:
-                raise ValueError(
-                    f"M2M100 config: {alias}={hf[alias]!r} contradicts {name}={hf[name]!r}"
-                )
-            f[name] = hf[alias]
-    for key, (value, meaning) in _HF_PINNED.items():
-        if key in hf and hf[key] != value:
-            raise ValueError(
-                f"M2M100 config: {key}={hf[key]!r} ({meaning}) is not supported; only {value!r}"
-            )
+    f = hf_fields(hf, "M2M100 config", _HF_DEFAULTS, _HF_ALIASES, _HF_PINNED)
     act = f["activation_function"]
     if act not in _ACTIVATIONS:
         raise ValueError(
