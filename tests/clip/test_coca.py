@@ -506,5 +506,3 @@ def test_bad_input(pair):
         gen(ours, images[0])
     with pytest.raises(TypeError, match="beam_size"):
         gen(ours, images, beam_size=3)
-    with pytest.raises(ValueError, match="hf_model_name"):
-        create_model("coca_roberta-ViT-B-32")

@@ -30,14 +30,17 @@ def test_fields_from_open_clip():
 
 
 @pytest.mark.parametrize(
-    ("name", "offending"),
-    [
-        ("coca_roberta-ViT-B-32", "text_cfg.hf_model_name"),
+    ("name", "tower", "change", "offending"),
+    [  # (every open_clip config is built: features open_clip has that none of them uses)
+        ("coca_roberta-ViT-B-32", "multimodal_cfg", {"mlp_ratio": 2}, "multimodal_cfg.mlp_ratio"),
+        ("coca_roberta-ViT-B-32", "text_cfg", {"layers": 2}, r"text_cfg\.layers \(a Hugging"),
     ],
 )
-def test_unsupported_open_clip_features_are_named(name, offending):
+def test_unsupported_open_clip_features_are_named(name, tower, change, offending):
+    cfg = open_clip.get_model_config(name)
+    cfg[tower].update(change)
     with pytest.raises(ValueError, match=offending):
-        CLIPConfig.from_open_clip(open_clip.get_model_config(name))
+        CLIPConfig.from_open_clip(cfg)
 
 
 def test_attentional_pool_and_custom_blocks_are_refused():

@@ -10,10 +10,17 @@ Shape legend: ``B`` images, ``R`` decoded rows per image (beams or samples), ``N
   the other ``S = Q - 1`` are the image tokens (``coca_base``: no pooler, the patch tokens);
 * text tower (:class:`~attn_clip.text.TextTransformer`, ``embed_cls=True``): a CLS
   embedding appended after the caption is the contrastive embedding; the token rows go to
-  the decoder;
+  the decoder. ``coca_roberta-ViT-B-32``: a Hugging Face RoBERTa
+  (:class:`~attn_clip.hf_text.HFTextTower`, as open_clip's ``HFTextEncoder`` with
+  ``output_tokens``): the pooled, projected embedding (mean pool) is the contrastive one and
+  every last hidden state, ``<s>`` included, goes to the decoder. That encoder is
+  bidirectional, as in open_clip: a teacher-forced row sees the later tokens of its
+  caption too, and each decoding step re-encodes the whole prefix;
 * multimodal decoder (:class:`MultimodalDecoder`): per layer a causal self-attention block
   over the text rows and a cross-attention block over the image tokens, then LayerNorm and
-  the projection to the vocabulary: next-token logits.
+  the projection to the vocabulary (``multimodal.vocab_size`` rows, else the text tower's;
+  open_clip's RoBERTa CoCa: 49408, its ``text_cfg`` default, under RoBERTa's 50265 ids):
+  next-token logits.
 
 Captioning (:meth:`CoCa.generate`, :meth:`CoCa.caption`) runs attn_nlp's decoding loop
 (:func:`attn_nlp.generation.generate`: greedy, beam search, top-k / top-p sampling, the
@@ -21,7 +28,12 @@ same logits processors as transformers) over :class:`CaptionDecoder`, which enco
 image once, computes every cross-attention block's keys and values once per image and
 shares them across that image's beams, and keeps a KV cache of the text tower's and the
 decoder's self-attention, so each step runs only the new token. ``use_cache=False`` runs
-the whole prefix every step instead (what open_clip does) and gives the same tokens.
+the whole prefix every step instead (what open_clip does) and gives the same tokens. Over
+the bidirectional RoBERTa tower every earlier row changes with each new token, so there is
+nothing to cache but the image's cross-attention keys and values: every step runs the
+whole prefix, with or without ``use_cache``. Its captions start at ``<s>`` (0), end at
+``</s>`` (2) and pad with ``<pad>`` (1): the tokenizer's ids, where open_clip's
+``generate`` would use CLIP's 49406 / 49407 / 0 unless told otherwise.
 """
 
 from __future__ import annotations
@@ -181,12 +193,15 @@ class CoCa(CLIP):
         if config.multimodal is None:
             raise ValueError("CoCa needs a config with multimodal=MultimodalConfig(...)")
         super().__init__(config, weight_init)
-        self.text_decoder = MultimodalDecoder(
-            config.multimodal, config.text.vocab_size, weight_init
-        )
+        vocab = config.multimodal.vocab_size or config.text.vocab_size
+        self.text_decoder = MultimodalDecoder(config.multimodal, vocab, weight_init)
 
     @property
     def pad_id(self) -> int:
+        """The caption pad id: the text tower's (a Hugging Face tower: its encoder's, e.g.
+        RoBERTa's ``<pad>`` = 1, which its tokenizer pads with and its encoder masks)."""
+        if self.config.text.tower == "hf":
+            return self.text.pad_id
         return self.config.text.pad_id
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
@@ -319,6 +334,8 @@ class CaptionDecoder:
     every row of an image attends to them (never copied per beam). With ``use_cache``
     the text tower's and the decoder's self-attention keep their keys and values
     (:class:`attn_core.KVCache`) and only the new tokens run; ``reorder`` follows the beams.
+    A bidirectional (Hugging Face) text tower re-encodes the whole prefix every step, so
+    ``use_cache`` has nothing to keep there (``self.use_cache`` is False).
     """
 
     def __init__(
@@ -332,18 +349,25 @@ class CaptionDecoder:
         self.model = model
         self.rows = rows_per_image
         self.context_kv = model.text_decoder.context_kv(image_tokens)
-        self.use_cache = use_cache
-        n_text, n_dec = len(model.text.blocks), len(model.text_decoder.blocks)
-        # max_length tokens: the caches reserve their room once (no copy of the past per step)
-        room = None if max_length is None else max(1, max_length - 1)
-        self.text_caches = [KVCache(room) for _ in range(n_text)] if use_cache else None
-        self.decoder_caches = [KVCache(room) for _ in range(n_dec)] if use_cache else None
+        # a bidirectional text tower: each new token changes every earlier row
+        self.bidirectional = model.config.text.tower == "hf"
+        self.use_cache = use_cache = use_cache and not self.bidirectional
+        self.text_caches = self.decoder_caches = None
+        if use_cache:
+            n_text, n_dec = len(model.text.blocks), len(model.text_decoder.blocks)
+            # max_length tokens: the caches reserve their room once (no copy of the past)
+            room = None if max_length is None else max(1, max_length - 1)
+            self.text_caches = [KVCache(room) for _ in range(n_text)]
+            self.decoder_caches = [KVCache(room) for _ in range(n_dec)]
         self.seen = 0  # tokens already in the caches
 
     def _text_rows(self, tokens: torch.Tensor) -> torch.Tensor:
         """The text tower's rows for ``tokens[:, seen:]`` ``(N, T - seen, D)`` (no CLS: a
-        token row never sees the appended CLS under the causal mask)."""
+        token row never sees the appended CLS under the causal mask). A Hugging Face tower:
+        every row of ``tokens`` ``(N, T, D)``, as its ``forward_tokens`` gives them."""
         text = self.model.text
+        if self.bidirectional:
+            return text.forward_tokens(tokens)[1]
         T, P = tokens.shape[1], self.seen
         new = tokens[:, P:]
         x = text.token_embedding(new)

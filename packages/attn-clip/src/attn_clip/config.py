@@ -72,7 +72,7 @@ class CLIPConfig:
 
     def _check_coca(self) -> None:
         v, t, m = self.vision, self.text, self.multimodal
-        if not t.embed_cls:
+        if t.tower != "hf" and not t.embed_cls:  # (a Hugging Face tower: its mean / CLS pool)
             raise ValueError("a CoCa config (multimodal=...) needs text embed_cls=True")
         if v.tower != "vit" or not v.class_token:
             raise ValueError("a CoCa config needs a ViT image tower with a class token")

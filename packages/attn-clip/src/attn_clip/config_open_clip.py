@@ -12,6 +12,7 @@ differ, as ``timm.create_model(timm_model_name, **timm_model_args)`` takes them
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import fields
 from typing import Any
@@ -60,6 +61,10 @@ _VISION_IGNORED = ("output_tokens",)
 _MULTIMODAL_KEYS = ("width", "layers", "heads", "context_length", "ls_init_value")
 _MULTIMODAL_IGNORED = ("vocab_size", "dim_head", "n_queries", "attn_pooler_heads")
 _TOP_IGNORED = ("custom_text", "nonscalar_logit_scale")  # state-dict layout only
+# open_clip's CLIPTextCfg.vocab_size default: the rows of a CoCa decoder over a Hugging
+# Face tower whose text_cfg states none (open_clip's CoCa projects to text_cfg.vocab_size,
+# which the Hugging Face tower itself never reads)
+_OPEN_CLIP_VOCAB = 49408
 # open_clip's own-ViT keys, which it ignores for a timm tower (and so do we)
 _OPEN_CLIP_VIT_KEYS = {
     "layers", "width", "head_width", "mlp_ratio", "patch_size", "ls_init_value", "no_ln_pre",
@@ -115,9 +120,9 @@ def _multimodal(cfg: dict[str, Any] | None, act: str, bad: list[str]) -> Multimo
 def from_open_clip(cfg: dict[str, Any]) -> dict[str, Any]:
     """The :class:`~attn_clip.config.CLIPConfig` fields of an open_clip model config dict.
 
-    Raises ``ValueError`` naming every key that asks for a feature not built here
-    (Hugging Face text towers, attentional pooling, CoCa, timm towers that are not
-    attn_vision ViT, Eva, ViTamin or ConvNeXt presets, ...).
+    Raises ``ValueError`` naming every key that asks for a feature not built here (timm
+    towers that are not attn_vision presets, open_clip's work-in-progress options such as
+    ``attentional_pool="parallel"``, ...).
     """
     cfg = {k: v for k, v in cfg.items()}
     vcfg, tcfg = dict(cfg.pop("vision_cfg")), dict(cfg.pop("text_cfg"))
@@ -172,7 +177,10 @@ def from_open_clip(cfg: dict[str, Any]) -> dict[str, Any]:
         bad += [f"vision_cfg.{k}" for k in vcfg if k not in known_v]
 
     if tcfg.get("hf_model_name") or "hf_encoder" in tcfg:  # open_clip: `if hf_model_name:`
-        text = _hf_text(tcfg, act, multimodal is not None, bad)
+        coca_vocab = tcfg.pop("vocab_size", _OPEN_CLIP_VOCAB) if multimodal else None
+        if multimodal is not None:  # CoCa: text_cfg.vocab_size is the decoder's
+            multimodal = dataclasses.replace(multimodal, vocab_size=coca_vocab)
+        text = _hf_text(tcfg, act, bad)
         if bad:
             raise ValueError(
                 "open_clip config uses features attn_clip does not implement: " + ", ".join(bad)
@@ -218,22 +226,19 @@ def from_open_clip(cfg: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _hf_text(tcfg: dict[str, Any], act: str, coca: bool, bad: list[str]) -> CLIPTextConfig | None:
+def _hf_text(tcfg: dict[str, Any], act: str, bad: list[str]) -> CLIPTextConfig | None:
     """A Hugging Face text tower's ``text_cfg`` -> :class:`CLIPTextConfig` (None when
     refused: the reasons appended to ``bad``). ``act`` is the config's ``quick_gelu`` flag,
-    kept as the text act so the flag round-trips (the Hugging Face encoder has its own)."""
+    kept as the text act so the flag round-trips (the Hugging Face encoder has its own).
+    A CoCa's ``vocab_size`` (its decoder's) is taken out before."""
     name = tcfg.get("hf_model_name")
-    if coca:
-        bad.append("text_cfg.hf_model_name with multimodal_cfg (CoCa over a Hugging Face text "
-                   "tower)")  # fmt: skip
-        return None
     kw = {k: tcfg.pop(k) for k in _HF_TEXT_KEYS if k in tcfg}
     for k in _HF_TEXT_IGNORED:
         tcfg.pop(k, None)
     for k, allowed in _TEXT_NOOP.items():
         if k in tcfg and not _is_noop(tcfg.pop(k), allowed):
             bad.append(f"text_cfg.{k}")
-    stated = {k: tcfg.pop(k) for k in ("width", "vocab_size") if k in tcfg}
+    stated = {k: tcfg.pop(k) for k in ("width", "vocab_size") if k in tcfg}  # (CoCa: width)
     bad += [f"text_cfg.{k} (a Hugging Face tower's architecture is hf_model_name's)"
             for k in tcfg]  # fmt: skip
     try:
@@ -321,6 +326,13 @@ def to_open_clip(config: Any) -> dict[str, Any]:
                                  "ls_init_value": m.ls_init_value}  # fmt: skip
         # open_clip's CoCa reads the towers' tokens: without it they return embeddings only
         vision_cfg["output_tokens"] = text_cfg["output_tokens"] = True
+        if t.tower == "hf":  # its decoder projects to text_cfg.vocab_size (default 49408)
+            text_cfg["vocab_size"] = m.vocab_size or t.vocab_size
+        elif m.vocab_size not in (None, t.vocab_size):
+            raise ValueError(
+                f"open_clip's CoCa decoder projects to the text tower's vocabulary "
+                f"({t.vocab_size}); multimodal vocab_size {m.vocab_size} has no open_clip config"
+            )
     return out
 
 

@@ -394,6 +394,9 @@ def coverage() -> str:
         tags = sum(len(pretrained.get(n, {})) for n in built)
         all_tags = tags + sum(len(refused_tags.get(n, [])) for n in names)
         lines.append(f"  {label}: {len(built)} of {len(names)} configs, {tags} of {all_tags} tags")
+    if not unsupported:
+        lines.append("not built: none")
+        return "\n".join(lines)
     lines.append(f"not built ({len(unsupported)} configs), by the first feature refused:")
     reasons: dict[str, list[str]] = {}
     for name, why in unsupported.items():

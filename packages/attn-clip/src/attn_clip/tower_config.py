@@ -389,10 +389,16 @@ class MultimodalConfig:
     context_length: int = 76  # longest caption the decoder reads
     ls_init_value: float | None = None  # LayerScale init; None = no layer scale
     act: str = "gelu"  # "gelu" or "quick_gelu" (open_clip's quick_gelu flag)
+    # rows of the vocabulary projection; None = the text tower's vocab_size. open_clip
+    # projects to text_cfg.vocab_size, which a Hugging Face tower does not read: for
+    # coca_roberta-ViT-B-32 that is open_clip's default 49408, not RoBERTa's 50265
+    vocab_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.act not in ACTS:
             raise ValueError(f"multimodal act must be one of {ACTS}, got {self.act!r}")
+        if self.vocab_size is not None and self.vocab_size < 1:
+            raise ValueError(f"multimodal vocab_size must be None or >= 1, got {self.vocab_size}")
         if self.width % self.heads:
             raise ValueError(
                 f"multimodal width ({self.width}) must be divisible by heads ({self.heads})"
