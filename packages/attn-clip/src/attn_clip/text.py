@@ -14,7 +14,9 @@ path (``fast_inference``, on by default; :func:`attn_core.fast_inference.enable`
 ``disable`` switch a whole model) it goes further, through
 :func:`attn_core.fast_inference.run_causal_pooled`: each caption is encoded only up to its
 own pooled token, shared prefixes (``"a photo of a"`` + class name) are encoded once, and
-captions run in groups of similar length -- all exact for the same reason.
+captions run in groups of similar length -- all exact for the same reason. Without a causal
+mask (MobileCLIP) every column is encoded, and the fast path's last block computes only the
+pooled row (its keys and values still from every token; exact too).
 
 CoCa's text tower (``embed_cls=True``) appends a learned CLS embedding after the tokens
 (position ``L``) and pools it (then ``ln_final``); :meth:`TextTransformer.forward_tokens`
@@ -244,6 +246,11 @@ class TextTransformer(nn.Module):
             return self.forward_tokens(tokens)[0]
         c = self.config
         idx = pool_positions(tokens, c.pool_type, c.eos_id) if c.causal else None
+        if not c.causal and tokens.shape[0] > 0 and self._fast(self.positional_embedding):
+            idx = pool_positions(tokens, c.pool_type, c.eos_id)
+            if idx is not None:  # every token is a key of the last block; one query row each
+                x = run_blocks(self.blocks, self._embed(tokens), rows=idx)[:, 0]  # (B, D)
+                return self._project(self.ln_final(x))
         if truncate and idx is not None and tokens.shape[0] > 0:
             tokens = tokens[:, : int(idx.max()) + 1]  # nothing after it reaches a pooled row
             if self._fast(self.positional_embedding):  # each row up to its own pooled token

@@ -8,8 +8,9 @@ present -- and each public function falls back to the plain modules elsewhere, s
 always safe to call. Each is exact up to float rounding (tests/core/test_fast_inference.py):
 
 * :func:`fused_linear` is one oneDNN call (``torch.ops.mkldnn._linear_pointwise``) with the bias
-  and GELU / ReLU / SiLU fused in (PyTorch's ``F.linear`` uses MKL's ``sgemm``, slower at
-  the sizes these models use); :func:`linear_act` is that for an ``nn.Linear`` module;
+  and GELU / ReLU / SiLU fused in below ``_MKL_ROWS`` rows per product, and PyTorch's
+  ``F.linear`` (MKL's ``sgemm``) with the activation after it from there on (faster for many
+  rows: a text batch, a large image batch); :func:`linear_act` is that for an ``nn.Linear``;
 * the weights are pre-packed once into oneDNN's blocked layout (a copy the size of the
   weights) and re-packed when they change: the cache checks each weight's version
   counter, which in-place writes bump (``load_state_dict``, ``nn.init``, ``copy_``), and
@@ -37,6 +38,7 @@ from __future__ import annotations
 from typing import TypeVar
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.hooks import RemovableHandle
@@ -63,6 +65,11 @@ _ONEDNN = (
 # CPU) bf16 models run their module calls instead of raising from the weight reorder
 _ONEDNN_BF16 = _ONEDNN and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 _PACK_ROWS = 64  # oneDNN's layout hint: expected rows per product (8..400 measured alike)
+# From this many rows per product on, MKL's sgemm (``F.linear``, the activation after it)
+# runs the product instead of oneDNN: on the AVX2 EPYC at 1 thread, MKL measured 15-25% ahead
+# from 256 rows on at widths 512 / 768 (oneDNN's fused erf-GELU costing 30-40% of the
+# product), oneDNN ahead only below ~32 rows (decoding steps, pooled rows)
+_MKL_ROWS = 512
 
 # weight -> ((version, data_ptr, dtype, shape), packed weight); entries die with the weight
 _packed: WeakIdKeyDictionary = WeakIdKeyDictionary()
@@ -145,6 +152,17 @@ def _post_op(act: nn.Module | None) -> tuple[str, str] | None:
     return None
 
 
+def _activation(act: nn.Module | None, out: torch.Tensor) -> torch.Tensor:
+    """``act(out)``, in place where that is exact (ReLU, QuickGELU)."""
+    if act is None:
+        return out
+    if type(act) is nn.ReLU:
+        return out.relu_()
+    if type(act) is QuickGELU:
+        return out.mul_(torch.sigmoid(1.702 * out))
+    return act(out)
+
+
 def fused_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -152,7 +170,13 @@ def fused_linear(
     act: nn.Module | None = None,
     residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``act(x @ weight.T + bias) (+ residual)``: one oneDNN call, bias and act fused."""
+    """``act(x @ weight.T + bias) (+ residual)``: one oneDNN call, bias and act fused (from
+    ``_MKL_ROWS`` rows of ``x`` on, fp32: ``F.linear``, then the act and the residual)."""
+    rows = x.numel() // max(x.shape[-1], 1)
+    if rows >= _MKL_ROWS and x.dtype == torch.float32 and not torch.compiler.is_compiling():
+        out = F.linear(x, weight.reshape(weight.shape[0], -1), bias)  # MKL's sgemm
+        out = _activation(act, out)
+        return out if residual is None else out.add_(residual)
     post = _post_op(act)
     attr, alg = post if post is not None else ("none", "")
     if torch.compiler.is_compiling():  # the custom op on the plain weight
@@ -161,7 +185,7 @@ def fused_linear(
     else:
         out = torch.ops.mkldnn._linear_pointwise(x, _packed_weight(weight), bias, attr, [], alg)
     if post is None:
-        out = out.mul_(torch.sigmoid(1.702 * out)) if type(act) is QuickGELU else act(out)
+        out = _activation(act, out)
     # (oneDNN's fused "add" epilogue measured slower than this in-place add)
     return out if residual is None else out.add_(residual)
 

@@ -26,14 +26,17 @@ An unfolded :class:`ConvNorm` runs through :func:`attn_core.fast_inference.conv_
 one oneDNN convolution with the BatchNorm folded on the fly and the GELU fused where the fast
 path applies (~15% faster for an unfolded FastViT). Folded convolutions are plain
 ``nn.Conv2d`` calls: with nothing left to fold, oneDNN's channels-last kernels measured no
-faster than PyTorch's (its depthwise ones up to 3x slower).
+faster than PyTorch's (its depthwise ones up to 3x slower); except that a folded block's
+grouped conv with one input channel per group (the downsampling's, ``final_conv``) runs as
+depthwise convs (:func:`attn_core.fast_inference.channel_multiplier_conv`, several times
+faster; the same ``fast_inference`` flag).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from attn_core.fast_inference import conv_bn_act
+from attn_core.fast_inference import channel_multiplier_conv, conv_bn_act
 from torch import nn
 
 from .channel_attention import SqueezeExcite
@@ -181,6 +184,8 @@ class MobileOneBlock(nn.Module):
     (timm's, reduction 1/16) before the GELU.
     """
 
+    fast_inference = True  # the folded conv (attn_core.fast_inference.channel_multiplier_conv)
+
     def __init__(
         self,
         in_chs: int,
@@ -217,7 +222,8 @@ class MobileOneBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, C_in, H, W)`` -> ``(B, C_out, H / stride, W / stride)``."""
         if self.reparam_conv is not None:
-            return self.act(self.se(self.reparam_conv(x)))
+            x = channel_multiplier_conv(self.reparam_conv, x, enabled=self.fast_inference)
+            return self.act(self.se(x))
         out = self.identity(x) if self.identity is not None else 0
         if self.conv_scale is not None:
             out = out + self.conv_scale(x)
@@ -266,6 +272,8 @@ class ReparamLargeKernelConv(nn.Module):
     :class:`MobileOneBlock`; ``use_se``: a Squeeze-Excite with reduction 1/4). Folded: one
     ``reparam_conv`` (the small kernel padded to the large one)."""
 
+    fast_inference = True  # the folded conv (attn_core.fast_inference.channel_multiplier_conv)
+
     def __init__(
         self,
         in_chs: int,
@@ -298,7 +306,8 @@ class ReparamLargeKernelConv(nn.Module):
         """``(B, C_in, H, W)`` -> ``(B, C_out, H / stride, W / stride)``."""
         if self.reparam_conv is None:
             return self.act(self.se(self.large_conv(x) + self.small_conv(x)))
-        return self.act(self.se(self.reparam_conv(x)))
+        x = channel_multiplier_conv(self.reparam_conv, x, enabled=self.fast_inference)
+        return self.act(self.se(x))
 
     @torch.no_grad()
     def reparameterize(self) -> None:
