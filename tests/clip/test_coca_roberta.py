@@ -30,6 +30,7 @@ import pytest
 import torch
 from _support.models import meta_build, shapes
 from attn_clip.convert import to_open_clip
+from attn_clip.loss import create_loss
 from attn_nlp.hf_configs import hf_config
 from PIL import Image
 from safetensors.torch import save_file
@@ -230,6 +231,7 @@ def test_caption_defaults_are_the_tokenizer_s_ids(built):
     config = ours.generation_config()
     assert (config.bos_token_id, config.eos_token_id, config.pad_token_id) == (start, eos, pad)
     assert config.min_length == 5
+    assert create_loss(ours).pad_id == pad == 1  # the caption loss ignores RoBERTa's <pad>
     # </s> made likely (its projection row 1.5x that of a token greedy picks early for
     # image 0), so that captions end, some where min_length still bars it
     early = _plain_loop(ref, images, start, 2)[0][2]

@@ -344,4 +344,4 @@ def create_loss(
         return ClipLoss(gather_with_grad=True) if loss == "clip" else SigLipLoss()
     if loss == "siglip":
         raise ValueError("loss 'siglip': a CoCa trains with CoCa's loss (ClipLoss + captions)")
-    return CoCaLoss(pad_id=model.config.text.pad_id, gather_with_grad=True, **weights)
+    return CoCaLoss(pad_id=model.pad_id, gather_with_grad=True, **weights)
