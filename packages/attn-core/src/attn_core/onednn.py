@@ -67,9 +67,10 @@ _ONEDNN_BF16 = _ONEDNN and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 _PACK_ROWS = 64  # oneDNN's layout hint: expected rows per product (8..400 measured alike)
 # From this many rows per product on, MKL's sgemm (``F.linear``, the activation after it)
 # runs the product instead of oneDNN: on the AVX2 EPYC at 1 thread, MKL measured 15-25% ahead
-# from 256 rows on at widths 512 / 768 (oneDNN's fused erf-GELU costing 30-40% of the
-# product), oneDNN ahead only below ~32 rows (decoding steps, pooled rows)
-_MKL_ROWS = 512
+# from 256 rows on at widths 512 / 768 idle (min of 11; oneDNN's fused erf-GELU costing
+# 30-40% of the product), oneDNN ahead only below ~32 rows; under load (median of 7) the two
+# were mixed at 128-400 rows and MKL ahead from ~800: 1024, where every measurement agrees
+_MKL_ROWS = 1024
 
 # weight -> ((version, data_ptr, dtype, shape), packed weight); entries die with the weight
 _packed: WeakIdKeyDictionary = WeakIdKeyDictionary()
