@@ -394,7 +394,7 @@ def test_caption_tab_without_a_coca_says_so(demo):
     app = web.build_app(demo)
     assert "on_caption" not in {fn.name for fn in app.fns.values()}
     notice = [b for b in app.blocks.values() if getattr(b, "elem_id", None) == "cap-notice"]
-    assert len(notice) == 1 and "--model coca_base / coca_ViT-B-32" in plain(notice[0].value)
+    assert len(notice) == 1 and "--model coca_base / coca_roberta-ViT-B-32 / coca_ViT-B-32" in plain(notice[0].value)
 
 
 def test_caption_tab_with_a_coca_queues_on_the_model_line(coca_demo):
