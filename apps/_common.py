@@ -108,8 +108,9 @@ def check_language(language: str | None) -> str | None:
 def apply_language(loaded: Any, language: str | None) -> None:
     """--language: the tokenizer of ``loaded`` (a :class:`LoadedModel`, an index's
     ``IndexModel``) set to that source language (NLLB); for a tokenizer without languages a
-    one-line note on stderr that its ids do not change."""
-    if language is None:
+    one-line note on stderr that its ids do not change. An image-only model (no tokenizer)
+    has no texts to read: nothing to do."""
+    if language is None or loaded.tokenizer is None:
         return
     from attn_clip.languages import tokenizer_for_language
 

@@ -1,14 +1,19 @@
-r"""Classify images with an attn_vision model: a fine-tuned folder, or timm's weights.
+r"""Classify images with an attn_vision model: a fine-tuned folder, a Hugging Face one, timm's.
 
     uv run apps/classify.py --model runs/vit/best --image cat.jpg        # finetune_vit output
+    uv run apps/classify.py --model hf-hub:google/vit-base-patch16-224 --image cat.jpg
     uv run apps/classify.py --model resnet18 --pretrained --images photos/ --top-k 3 --json
     uv run apps/classify.py --model vit_base_patch16_224.augreg2_in21k_ft_in1k \
         --pretrained --image docs/assets/cat.jpg
 
 ``--model`` is a folder written by ``scripts/finetune_vit.py`` / ``attn_vision.save_pretrained``
-(its class names come with it) or an attn_vision model name (``--pretrained``: timm's
-weights for the tag, or a checkpoint file; without ``--pretrained`` a name is refused, its
-weights would be random, unless ``--random-weights`` asks for that). Each image is
+or a transformers image classifier's folder (``config.json`` + weights, e.g. a
+``ViTForImageClassification``'s ``save_pretrained``), or ``hf-hub:<repo id>`` of one
+(downloaded once, cached): these bring their weights and their class names (transformers'
+``id2label``); or an attn_vision model name (``--pretrained``: timm's weights for the tag,
+or a checkpoint file; without ``--pretrained`` a name is refused, its weights would be
+random, unless ``--random-weights`` asks for that). Class names: the model's own, else
+ImageNet's for a 1,000-class head, else ``class N``. Each image is
 preprocessed as the weights expect (the model's ``pretrained_cfg``) and its top-k classes
 printed (``--json``: one JSON object per image). Bad input prints one line on stderr and
 exits with code 2; images under --images that cannot be read are skipped and counted;
@@ -30,7 +35,9 @@ from attn_vision.images import find_images, iter_images, open_image
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = make_parser(__doc__)
-    p.add_argument("--model", required=True, help="a saved model folder or an attn_vision name")
+    p.add_argument(
+        "--model", required=True, help="a model folder, hf-hub:<repo id> or an attn_vision name"
+    )
     p.add_argument(
         "--pretrained",
         nargs="?",
@@ -73,7 +80,8 @@ def load(args: argparse.Namespace):
 
     device = pick_device(args.device)
     try:
-        random_init = args.pretrained is None and not Path(args.model).is_dir()
+        brings_weights = args.model.startswith("hf-hub:") or Path(args.model).is_dir()
+        random_init = args.pretrained is None and not brings_weights
         if random_init:
             attn_vision.get_model_config(args.model)  # an unknown name is named first
         if random_init and not args.random_weights:

@@ -6,6 +6,19 @@
     uv run apps/retrieval.py search photos.idx --image query.jpg --grid hits.png
     uv run apps/retrieval.py eval --csv captions.csv                    # recall@1/5/10
     uv run apps/retrieval.py search photos.idx --text "海滩上的狗" --language zh
+    uv run apps/retrieval.py index photos/ --out dino.idx --model hf-hub:facebook/dinov2-small
+
+``--model`` is a CLIP (an open_clip name with ``--pretrained TAG``, ``hf-hub:ID``, a folder;
+default ViT-B-32 / openai) or an image-only attn_vision backbone (DINOv2, ViT, Swin, ...:
+a transformers or ``attn_vision.save_pretrained`` folder, ``hf-hub:ID``, a timm name, with
+timm's weights for its tag unless ``--pretrained FILE``). A folder or ``hf-hub:`` repo is
+what its config says (``open_clip_config.json`` or a transformers CLIP / SigLIP
+``config.json``: CLIP; any other ``config.json``: attn_vision); a name is attn_clip's if it
+knows it, else attn_vision's (timm's ``arch.tag`` picks the backbone where an open_clip
+config has its timm tower's name, e.g. ``convnext_base``). A backbone embeds an image as its
+pooled features (DINOv2: the [CLS] token after the final norm, transformers'
+``pooler_output``), L2-normalized; its index is searched with ``--image`` only: ``--text``
+and ``eval`` need a text tower and are refused.
 
 The index is ``attn_clip.retrieval.RetrievalIndex``'s (docs/clip.md): ``INDEX.manifest.json``
 (the model, the folder, each file's size, mtime and SHA-256) and the generation of
@@ -43,9 +56,11 @@ from _common import (  # the CLI toolkit and model loading shared by the apps
     check_folder,
     check_language,
     fail,
+    for_cli,
     list_models_and_exit,
     load_model,
     open_image,
+    pick_device,
     resolve_model_args,
     run,
     warn,
@@ -60,11 +75,16 @@ ANN_OPTIONS = {"ann": "--ann on ", "factory": "--ann-factory: ", "memory": "--an
 # -- the index and its model ---------------------------------------------------------------
 
 
-def open_index(base: Path, args: argparse.Namespace):
+def open_index(base: Path, args: argparse.Namespace, text_use: str | None = None):
     """The index at ``base`` with its recorded model (after --model / --pretrained, when
-    given, are checked to name it)."""
+    given, are checked to name it). ``text_use``: what texts are needed for, when they are
+    (an index of an image-only model is then refused, before its model is built)."""
     try:
-        Manifest.read(base)  # (a missing or broken manifest is said before torch loads)
+        manifest = Manifest.read(base)  # (a missing or broken manifest: before torch loads)
+        if text_use and not manifest.model.has_text:
+            raise InputError(
+                f"this index's model {manifest.model.describe()} has no text tower: {text_use}"
+            )
         from attn_clip.retrieval import RetrievalIndex
 
         index = RetrievalIndex.open(base)
@@ -101,10 +121,36 @@ def index_model(loaded: LoadedModel, precision: str):
     return IndexModel(**vars(loaded), precision=precision)
 
 
+def load_index_model(
+    model: str | None, pretrained: str | None, device: str | None, precision: str,
+    kind: str | None = None,
+):  # fmt: skip
+    """The ``IndexModel`` of --model / --pretrained: a CLIP (``_common.load_model``) or an
+    image-only backbone (``kind``, default by the rule in the module docstring); every
+    failure an InputError with one line."""
+    from attn_clip.retrieval import IndexModel
+    from attn_clip.retrieval.backbone import model_kind
+    from attn_core.hub import WeightsError, WeightsUnavailableError
+
+    name, pretrained = resolve_model_args(model, pretrained)
+    if (kind or model_kind(name)) == "clip":
+        return index_model(load_model(name, pretrained, device, precision), precision)
+    dev = pick_device(device)
+    try:
+        return IndexModel.load(name, pretrained, device=dev, precision=precision, kind="vision")
+    except WeightsUnavailableError as e:
+        raise InputError(f"weights not available: {for_cli(e)}") from None
+    except WeightsError as e:  # unreadable, unsafe or not fitting the model
+        raise InputError(f"cannot load model {name!r}: {for_cli(e)}") from None
+    except (ValueError, KeyError, TypeError, OSError, RuntimeError) as e:
+        msg = for_cli(str(e).strip("'\""))
+        raise InputError(msg if name in msg else f"{name}: {msg}") from None
+
+
 def load_recorded(args: argparse.Namespace, record: ModelRecord):
     """The index's model (the library checks it gives the embeddings it was built with)."""
-    loaded = load_model(record.name, record.pretrained, args.device, args.precision)
-    return index_model(loaded, args.precision)
+    return load_index_model(record.name, record.pretrained, args.device, args.precision,
+                            record.kind)  # fmt: skip
 
 
 def shown(path: Path) -> str:
@@ -139,8 +185,8 @@ def cmd_index(args: argparse.Namespace) -> int:
         if args.update:
             warn(f"no index at {base} yet: building it")
         if rank in (None, 0):
-            loaded = load_model(args.model, args.pretrained, args.device, args.precision)
-            index.model = index_model(loaded, args.precision)
+            index.model = load_index_model(args.model, args.pretrained, args.device,
+                                           args.precision)  # fmt: skip
     ann = AnnOptions(args.ann, args.ann_threshold, args.ann_memory, args.ann_factory)
     try:
         result = index.update(
@@ -173,7 +219,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     if args.grid and not Path(args.grid).resolve().parent.is_dir():
         raise InputError(f"--grid: folder {Path(args.grid).parent} does not exist")
     images = [open_image(p) for p in args.image]  # unreadable: an error before any work
-    index = open_index(index_base(args.index), args)
+    index = open_index(index_base(args.index), args, "search with --image" if args.text else None)
     found = index.search_many([*args.text, *images], k=args.top_k, exact=args.exact,
                               nprobe=args.nprobe, batch_size=args.batch_size)  # fmt: skip
     queries = [("text", t) for t in args.text] + [("image", p) for p in args.image]
@@ -205,12 +251,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
     check_language(args.language)
     pairs = read_captions_csv(args.csv, sep=args.sep, root=args.root)
     known = {}
+    no_text = "eval ranks captions, which need one"
     if args.index:
-        index = open_index(index_base(args.index), args)
+        index = open_index(index_base(args.index), args, no_text)
         model, known = index.model, index.unchanged_embeddings()  # reuse unchanged rows
     else:
-        model = index_model(load_model(args.model, args.pretrained, args.device,
-                                       args.precision), args.precision)  # fmt: skip
+        from attn_clip.retrieval.backbone import model_kind
+
+        name, pretrained = resolve_model_args(args.model, args.pretrained)
+        if model_kind(name) == "vision":
+            raise InputError(f"{describe_model(name, pretrained)} has no text tower: {no_text}")
+        model = load_index_model(name, pretrained, args.device, args.precision, "clip")
         apply_language(model, args.language)
     try:
         metrics = evaluate_captions(model, pairs, known, batch_size=args.batch_size,
@@ -236,9 +287,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     model = argparse.ArgumentParser(add_help=False)
     g = model.add_argument_group("model")
     g.add_argument(
-        "--model", help="architecture, hf-hub:ID, folder or demo-shapes (default: ViT-B-32)"
+        "--model",
+        help="CLIP architecture, hf-hub:ID, folder or demo-shapes (default: ViT-B-32), or an "
+        "image-only attn_vision model (folder, hf-hub:ID, timm name): see above",
     )
-    g.add_argument("--pretrained", help="tag, or checkpoint file / folder (default: openai)")
+    g.add_argument(
+        "--pretrained",
+        help="tag, or checkpoint file / folder (default: openai; a timm name: its tag's weights)",
+    )
     g.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
     g.add_argument("--precision", choices=PRECISIONS, default="fp32", help="weight precision")
     g.add_argument("--batch-size", type=int, default=32, help="images per forward pass")
@@ -248,7 +304,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n")[0],
         formatter_class=HelpFormatter,
-        epilog="examples:\n" + "\n".join(__doc__.split("\n")[2:8]),
+        epilog="examples:\n" + "\n".join(__doc__.split("\n")[2:9]),
     )
     p.add_argument(
         "--list-models", action="store_true", help="list every model name and its tags, then exit"

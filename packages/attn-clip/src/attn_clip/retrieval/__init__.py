@@ -8,7 +8,8 @@
   (the versioned :class:`Manifest`), :mod:`.fingerprint` (the model an index was made
   with), :mod:`.plan` (the incremental update plan), :mod:`.embed` (the embedding loop),
   :mod:`.update` (writing an update), :mod:`.options` (how an update runs),
-  :mod:`.shards` (torchrun shards), :mod:`.errors`,
+  :mod:`.shards` (torchrun shards), :mod:`.backbone` (image-only attn_vision models:
+  which names are theirs, their pooled embedding), :mod:`.errors`,
   :mod:`.sheet` (a contact sheet of search results).
 - :func:`retrieval_metrics` / :func:`evaluate_retrieval` (:mod:`.metrics`): recall@k.
 
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "ann": ["check_ann_factory", "choose_ann_factory", "ivf_lists"],
     "api": ["Hit", "RetrievalIndex"],
+    "backbone": ["model_kind"],
     "embed": ["IndexModel", "embed_files", "embed_images"],
     "errors": [
         "AnnError",
@@ -68,6 +70,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     from .ann import choose_factory as choose_ann_factory
     from .ann import ivf_lists
     from .api import Hit, RetrievalIndex
+    from .backbone import model_kind
     from .embed import IndexModel, embed_files, embed_images
     from .errors import (
         AnnError,

@@ -9,6 +9,13 @@
     for hit in index.search("a dog on a beach", k=5):
         print(f"{hit.score:.3f} {hit.path}")
 
+An image-only backbone indexes as well (:mod:`.backbone`: DINOv2 and the other attn_vision
+models), searched by image only::
+
+    index = RetrievalIndex.create("photos.idx", "hf-hub:facebook/dinov2-small")
+    index.update("photos/")
+    hits = index.search(Path("query.jpg"), k=5)   # a text query: RetrievalError
+
 The files are the retrieval app's (``apps/retrieval.py index`` writes the same index).
 """
 
@@ -102,7 +109,8 @@ class RetrievalIndex:
         precision: str = "fp32",
     ) -> RetrievalIndex:
         """A new, empty index of ``model`` (an :class:`IndexModel`, or a model name built
-        with ``pretrained`` weights); nothing is written before :meth:`update`, which then
+        with ``pretrained`` weights: a CLIP or an image-only backbone, by
+        :func:`.backbone.model_kind`'s rule); nothing is written before :meth:`update`, which then
         replaces any index at ``path``."""
         if not Path(path).resolve().parent.is_dir():
             raise RetrievalError(f"folder {Path(path).parent} does not exist")
@@ -141,7 +149,7 @@ class RetrievalIndex:
                     f"{ModelRecord(model.name, model.pretrained, 0, []).describe()}: its "
                     "embeddings only make sense with that model"
                 )
-            self.record.check(model.model, model.tokenizer, model.precision)
+            self.record.check(model)
         self._model = model
 
     # -- update ------------------------------------------------------------------------------
@@ -203,7 +211,8 @@ class RetrievalIndex:
         """The recorded model on another torchrun rank (on GPUs: its ``cuda:LOCAL_RANK``)."""
         device = self.device if self.device is not None else rank_device()
         precision = self.precision or record.precision or "fp32"
-        return IndexModel.load(record.name, record.pretrained, device=device, precision=precision)
+        return IndexModel.load(record.name, record.pretrained, device=device, precision=precision,
+                               kind=record.kind)  # fmt: skip
 
     def unchanged_embeddings(self) -> dict[Path, torch.Tensor]:
         """``{absolute path: embedding}`` of the indexed files still as they were indexed
@@ -222,9 +231,15 @@ class RetrievalIndex:
 
     def embed_queries(self, queries: Sequence[Query], batch_size: int = 32) -> torch.Tensor:
         """``(Q, E)`` normalized embeddings of text (``str``) and image (a path or a PIL
-        image) queries, in order."""
-        model = self.model
+        image) queries, in order. A text query of an image-only model's index is a
+        :class:`RetrievalError` (raised before any model is built)."""
         texts = [(i, q) for i, q in enumerate(queries) if isinstance(q, str)]
+        record = self.record
+        if texts and record is not None and not record.has_text:
+            raise RetrievalError(
+                f"this index's model {record.describe()} has no text tower: search it by image"
+            )
+        model = self.model
         images = [(i, q) for i, q in enumerate(queries) if not isinstance(q, str)]
         rows: list[torch.Tensor | None] = [None] * len(queries)
         if texts:
@@ -253,7 +268,8 @@ class RetrievalIndex:
 
         q = self.embed_queries(queries, batch_size)
         found = self.embeddings.search(q, k=k, exact=exact, nprobe=nprobe)
-        probs = match_probability(self.model.model, found.scores)  # SigLIP models only
+        model = self.model
+        probs = match_probability(model.model, found.scores) if model.has_text else None
         root = self.root
         return [
             [
@@ -269,8 +285,9 @@ class RetrievalIndex:
         ]
 
     def search(self, query: Query, k: int = 10, **kwargs) -> list[Hit]:
-        """The top-``k`` images for a text (``str``) or an image (a ``Path`` or a PIL image),
-        best first, with cosine similarities (SigLIP models: text queries also get the
-        sigmoid ``prob`` of a match). ``exact=True`` skips an approximate index;
-        ``nprobe``: how much of it to scan (default: tuned when it was built)."""
+        """The top-``k`` images for a text (``str``; not with an image-only model) or an image
+        (a ``Path`` or a PIL image), best first, with cosine similarities (SigLIP models: text
+        queries also get the sigmoid ``prob`` of a match). ``exact=True`` skips an
+        approximate index; ``nprobe``: how much of it to scan (default: tuned when it was
+        built)."""
         return self.search_many([query], k, **kwargs)[0]

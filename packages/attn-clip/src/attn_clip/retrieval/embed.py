@@ -1,10 +1,13 @@
 """Embedding for an index: the model bundle, the image loop over a folder, text queries.
 
-:class:`IndexModel` is a CLIP with its transforms and what identifies its weights (the
-name and tag recorded in the manifest). :func:`embed_images` reads and embeds image files
-in batches: ``workers`` threads decode (JPEGs in Pillow's draft mode, at the smallest scale
-that still covers the model's input) and preprocess up to two batches ahead of the model,
-so decoding goes on while the model runs and memory stays bounded.
+:class:`IndexModel` is a CLIP with its transforms, or an image-only attn_vision backbone
+(``kind="vision"``, :mod:`.backbone`: DINOv2, a ViT, ...; no tokenizer, no text queries),
+and what identifies its weights (the name and tag recorded in the manifest). Both embed
+images through :meth:`IndexModel.encode_images` in the one loop below.
+:func:`embed_images` reads and embeds image files in batches: ``workers`` threads decode
+(JPEGs in Pillow's draft mode, at the smallest scale that still covers the model's input)
+and preprocess up to two batches ahead of the model, so decoding goes on while the model
+runs and memory stays bounded.
 """
 
 from __future__ import annotations
@@ -20,22 +23,31 @@ from typing import Any
 import torch
 from attn_vision.images import ImageError, iter_images
 
-from .fingerprint import ModelRecord
+from .backbone import load_backbone, model_kind, pooled
+from .errors import RetrievalError
+from .fingerprint import KINDS, PROBE_TEXT, ModelRecord, describe_model, probe_image
 
 __all__ = ["IndexModel", "embed_files", "embed_images", "read_ahead"]
 
 
 @dataclass
 class IndexModel:
-    """A CLIP ready to embed for an index (the fields of the apps' ``LoadedModel``)."""
+    """A model ready to embed for an index (the fields of the apps' ``LoadedModel``, and
+    its kind): a CLIP, or an image-only attn_vision backbone (``kind="vision"``, whose
+    ``tokenizer`` is None)."""
 
-    model: Any  # attn_clip.CLIP, in eval mode
+    model: Any  # attn_clip.CLIP, or an attn_vision model; in eval mode
     preprocess: Any  # PIL image -> (3, H, W)
-    tokenizer: Any  # list[str] -> (n, L)
+    tokenizer: Any  # list[str] -> (n, L); None for an image-only model
     name: str  # what identifies the weights: the model name (or absolute folder)
     pretrained: str | None  # tag or absolute path
     device: torch.device
     precision: str = "fp32"
+    kind: str = "clip"  # one of fingerprint.KINDS
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
 
     @classmethod
     def load(
@@ -45,14 +57,23 @@ class IndexModel:
         *,
         device: str | torch.device | None = None,
         precision: str = "fp32",
+        kind: str | None = None,
     ) -> IndexModel:
-        """Build ``name`` with ``pretrained`` weights (``attn_clip.create_model_and_transforms``;
-        its errors as they are). ``device``: default cuda when available, else cpu."""
-        from ..factory import create_model_and_transforms
-
+        """Build ``name`` with ``pretrained`` weights: a CLIP
+        (``attn_clip.create_model_and_transforms``) or an image-only attn_vision model
+        (:func:`.backbone.load_backbone`: a folder or ``hf-hub:`` name's own weights, a timm
+        name's for its tag); their errors as they are. ``kind``: which (default: by
+        :func:`.backbone.model_kind`'s rule). ``device``: default cuda when available."""
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         device = torch.device(device)
+        kind = kind or model_kind(name)
+        if kind == "vision":
+            model, preprocess = load_backbone(name, pretrained, device=device,
+                                              precision=precision)  # fmt: skip
+            return cls(model, preprocess, None, name, pretrained, device, precision, kind)
+        from ..factory import create_model_and_transforms
+
         model, preprocess, tokenizer = create_model_and_transforms(
             name, pretrained, device=device, precision=precision
         )
@@ -69,18 +90,46 @@ class IndexModel:
         """The model an index was built with (:class:`~.errors.ModelMismatchError` when its
         weights no longer give the recorded embeddings)."""
         precision = precision or record.precision or "fp32"
-        loaded = cls.load(record.name, record.pretrained, device=device, precision=precision)
-        record.check(loaded.model, loaded.tokenizer, precision)
+        loaded = cls.load(record.name, record.pretrained, device=device, precision=precision,
+                          kind=record.kind)  # fmt: skip
+        record.check(loaded)
         return loaded
+
+    @property
+    def has_text(self) -> bool:
+        """Whether texts can be embedded (a CLIP; an image-only model has no text tower)."""
+        return self.kind == "clip"
+
+    def describe(self) -> str:
+        return describe_model(self.name, self.pretrained)
 
     def record(self) -> ModelRecord:
         """What a manifest records about this model."""
-        return ModelRecord.of(self.model, self.tokenizer, self.name, self.pretrained,
-                              self.precision)  # fmt: skip
+        return ModelRecord.of(self)
+
+    def probe_embedding(self) -> torch.Tensor:
+        """``(E,)``: the normalized embedding the manifest keeps to recognise these weights
+        (a CLIP's of :data:`~.fingerprint.PROBE_TEXT`, an image-only model's of
+        :func:`~.fingerprint.probe_image`)."""
+        if self.has_text:
+            return self.embed_texts([PROBE_TEXT])[0]
+        return self.embed_pil([probe_image()])[0]
+
+    def encode_images(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, 3, H, W)`` preprocessed images (on the model's device) -> ``(B, E)``
+        normalized embeddings: a CLIP's image embedding, a backbone's pooled features."""
+        if self.has_text:
+            return self.model.encode_image(x, normalize=True)
+        return pooled(self.model, x)
 
     @torch.no_grad()
     def embed_texts(self, texts: list[str], batch_size: int = 32) -> torch.Tensor:
-        """Normalized float32 text embeddings ``(len(texts), E)`` on the CPU."""
+        """Normalized float32 text embeddings ``(len(texts), E)`` on the CPU
+        (:class:`~.errors.RetrievalError` for an image-only model)."""
+        if not self.has_text:
+            raise RetrievalError(
+                f"{self.describe()} has no text tower: it embeds images only (query by image)"
+            )
         out = []
         for start in range(0, len(texts), batch_size):
             tokens = self.tokenizer(texts[start : start + batch_size]).to(self.device)
@@ -91,7 +140,7 @@ class IndexModel:
     def embed_pil(self, images: list) -> torch.Tensor:
         """Normalized float32 embeddings ``(len(images), E)`` of PIL images, on the CPU."""
         x = torch.stack([self.preprocess(im) for im in images]).to(self.device)
-        return self.model.encode_image(x, normalize=True).float().cpu()
+        return self.encode_images(x).float().cpu()
 
 
 def embed_images(
@@ -120,7 +169,7 @@ def embed_images(
             if good:
                 x = torch.stack([x for _, x, _ in good]).to(model.device)
                 with torch.no_grad():
-                    embs = model.model.encode_image(x, normalize=True).float().cpu()
+                    embs = model.encode_images(x).float().cpu()
             it = iter(embs)
             for p, _, h, err in batch:
                 yield (p, None, None, err) if err is not None else (p, next(it), h, None)

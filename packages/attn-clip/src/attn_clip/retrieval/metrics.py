@@ -95,8 +95,15 @@ def evaluate_captions(
     ``attn_vision.images.read_captions_csv``), the captions grouped by image in first-seen
     order, embedded by ``model`` (an ``IndexModel``); ``known``: embeddings to reuse (e.g.
     ``RetrievalIndex.unchanged_embeddings()``). Adds ``images`` and ``captions`` counts; an
-    unreadable image is an ``ImageError``."""
+    unreadable image is an ``ImageError``; an image-only model (no text tower) a
+    ``RetrievalError``, before any image is read."""
     from .embed import embed_files
+    from .errors import RetrievalError
+
+    if not model.has_text:
+        raise RetrievalError(
+            f"{model.describe()} has no text tower: recall@k ranks captions, which need one"
+        )
 
     groups: dict[Path, list[str]] = {}
     for path, caption in pairs:

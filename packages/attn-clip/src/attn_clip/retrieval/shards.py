@@ -170,7 +170,7 @@ def update_distributed(
             if rank != 0:
                 try:
                     loaded = load_model(record)
-                    record.check(loaded.model, loaded.tokenizer, loaded.precision)
+                    record.check(loaded)
                 except ValueError as e:
                     raise RankError(f"rank {rank}: {e}") from None
             shards, keys = plan_shards(items, shard_size, batch_size, record, str(root))
