@@ -7,15 +7,21 @@ r"""Fine-tune (or train) an attn_vision classifier on ImageFolder train / val di
     # fine-tune timm's pretrained weights (downloaded once; or --pretrained path/to/file)
     uv run scripts/finetune_vit.py --model vit_base_patch16_224.augreg2_in21k_ft_in1k \
         --pretrained --train-dir ... --val-dir ... --layer-decay 0.75 --ema-decay 0.9998
+    # start from a Hugging Face folder (transformers' save_pretrained) or hub id: its weights
+    uv run scripts/finetune_vit.py --model hf-hub:google/vit-base-patch16-224 \
+        --train-dir ... --val-dir ... --layer-decay 0.75
     # several processes (gloo on CPU, nccl on GPU); --batch-size is per process
     uv run torchrun --nproc-per-node 2 scripts/finetune_vit.py ...
 
 timm's ``train.py`` in miniature, on ``attn_train.fit``: AdamW with timm's parameter groups
 (``--layer-decay``), warm-up + cosine, label smoothing, an EMA of the weights
 (``--ema-decay``), timm's training augmentation, top-1 / top-5 on ``--val-dir`` after every
-epoch; unreadable images are skipped and counted. ``--out``/``last`` and ``best`` are
-``attn_vision.create_model`` folders (class names: ``pretrained_cfg["label_names"]``);
-rerunning the same command resumes exactly. Details: docs/training.md.
+epoch; unreadable images are skipped and counted. A ``--model`` folder
+(``attn_vision.save_pretrained``'s, or a transformers ``ViTForImageClassification`` /
+``Dinov2Model`` / ... one) or ``hf-hub:`` id brings its weights (a new head where its
+classes differ). ``--out``/``last`` and ``best`` are ``attn_vision.create_model`` folders
+(class names: ``pretrained_cfg["label_names"]``); rerunning the same command resumes exactly.
+Details: docs/training.md.
 
 Exit codes: 0 done, 1 the loss became NaN / inf, 2 bad input (a missing folder, an unknown
 model, unavailable weights, no readable image, ...: one ``error:`` line, nothing written),
@@ -40,7 +46,11 @@ from torch import nn
 def build_parser() -> argparse.ArgumentParser:
     p = cli.make_parser(__doc__)
     g = p.add_argument_group("model")
-    g.add_argument("--model", default="vit_tiny_patch16_224", help="attn_vision / timm name")
+    g.add_argument(
+        "--model",
+        default="vit_tiny_patch16_224",
+        help="attn_vision / timm name, a model folder (transformers' too) or hf-hub:<repo id>",
+    )
     g.add_argument(
         "--pretrained",
         nargs="?",
@@ -72,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def brings_weights(model: str) -> bool:
+    """Whether ``--model`` comes with its weights: a folder (``save_pretrained``'s, a
+    transformers one) or ``hf-hub:<repo id>``."""
+    return model.startswith("hf-hub:") or Path(model).is_dir()
+
+
 def build_model(args: argparse.Namespace, num_classes: int) -> nn.Module:
     """The attn_vision model with a ``num_classes``-way head (a fresh one after loading)."""
     overrides: dict[str, Any] = cli.parse_overrides(args.set)
@@ -79,13 +95,18 @@ def build_model(args: argparse.Namespace, num_classes: int) -> nn.Module:
         overrides["img_size"] = args.img_size
     if args.patch_size is not None:
         overrides["patch_size"] = args.patch_size
-    config = attn_vision.get_model_config(args.model, **overrides)
-    if hasattr(config, "drop_path_rate"):
+    own_weights = brings_weights(args.model)
+    config = None if own_weights else attn_vision.get_model_config(args.model, **overrides)
+    if own_weights or hasattr(config, "drop_path_rate"):  # (every family has it)
         overrides["drop_path_rate"] = args.drop_path
     try:
-        if args.pretrained is False:
+        if own_weights:  # its weights (--pretrained: nothing more to load)
+            pretrained = None if args.pretrained in (True, False) else args.pretrained
+            model = attn_vision.create_model(args.model, pretrained=pretrained, **overrides)
+        elif args.pretrained is False:
             return attn_vision.create_model(args.model, num_classes=num_classes, **overrides)
-        model = attn_vision.create_model(args.model, pretrained=args.pretrained, **overrides)
+        else:
+            model = attn_vision.create_model(args.model, pretrained=args.pretrained, **overrides)
     except (TypeError, KeyError) as e:  # e.g. a --set value of the wrong type
         raise ValueError(f"cannot build {args.model!r}: {e}") from None
     if model.num_classes != num_classes:
