@@ -9,7 +9,8 @@ LayerNorm, classifier (timm's ``NormMlpClassifierHead``; ``head_norm_first``: no
 the pool). Parameter names are timm's (``stem.{0,1}``, ``stages.{i}.downsample.{0,1}``,
 ``stages.{i}.blocks.{j}.conv_dw`` / ``norm`` / ``mlp.fc1`` / ``mlp.fc2`` / ``gamma``,
 ``head.norm``, ``head.pre_logits.fc``, ``head.fc``), so timm checkpoints load unchanged.
-``conv_mlp`` (timm's atto ... nano) keeps timm's 1x1-conv MLP layout.
+``conv_mlp`` (timm's atto ... nano) keeps timm's 1x1-conv MLP layout. ``use_grn``: ConvNeXt V2's
+Global Response Normalization after the MLP's GELU (``mlp.grn``; V2 has no LayerScale).
 
 Inference fast path (``fast_inference`` of the blocks and MLPs, on by default; switched for a
 whole model by :func:`attn_core.fast_inference.enable` / ``disable``): the depthwise
@@ -30,7 +31,7 @@ from attn_core import DropPath
 from attn_core.fast_inference import conv_bn_act, linear_act
 from torch import nn
 
-__all__ = ["ConvNeXt", "ConvNeXtBlock", "ConvNeXtConfig", "LayerNorm2d"]
+__all__ = ["ConvNeXt", "ConvNeXtBlock", "ConvNeXtConfig", "GlobalResponseNorm", "LayerNorm2d"]
 
 
 @dataclass
@@ -47,9 +48,11 @@ class ConvNeXtConfig:
     ls_init_value: float | None = 1e-6  # LayerScale init; None = no gamma
     conv_mlp: bool = False  # 1x1 convs + channels-first LayerNorm (timm's atto ... nano)
     conv_bias: bool = True  # biases in the stem, downsample and depthwise convs
+    use_grn: bool = False  # Global Response Norm in the block MLP (ConvNeXt V2; timm's use_grn)
     head_norm_first: bool = False  # norm before the pool (norm_pre) instead of after it
     head_hidden_size: int | None = None  # pre-logits Linear + GELU (convnext_large_mlp, ...)
     norm_eps: float = 1e-6  # LayerNorm epsilon
+    head_norm_eps: float | None = None  # the head's (or norm_pre's) epsilon; None = norm_eps
     drop_rate: float = 0.0  # dropout before the classifier
     drop_path_rate: float = 0.0  # stochastic depth, linearly increasing over all blocks
 
@@ -70,19 +73,44 @@ class LayerNorm2d(nn.LayerNorm):
         return x.permute(0, 3, 1, 2)
 
 
+class GlobalResponseNorm(nn.Module):
+    """ConvNeXt V2's GRN (timm's ``GlobalResponseNorm``): ``x + bias + weight * x * n`` with
+    ``n`` each channel's spatial L2 norm over the mean of those norms, on ``(B, H, W, C)``
+    (``channels_last``) or ``(B, C, H, W)``; ``weight`` / ``bias`` ``(C,)``, zero at init."""
+
+    def __init__(self, dim: int, eps: float = 1e-6, channels_last: bool = True) -> None:
+        super().__init__()
+        self.eps = eps
+        self.spatial_dim, self.channel_dim = ((1, 2), -1) if channels_last else ((2, 3), 1)
+        self.wb_shape = (1, 1, 1, -1) if channels_last else (1, -1, 1, 1)
+        self.weight = nn.Parameter(torch.zeros(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x_g = torch.linalg.vector_norm(x, dim=self.spatial_dim, keepdim=True)
+        x_n = x_g / (x_g.mean(dim=self.channel_dim, keepdim=True) + self.eps)
+        w, b = self.weight.view(self.wb_shape), self.bias.view(self.wb_shape)
+        return x + torch.addcmul(b, w, x * x_n)
+
+
 class _Mlp(nn.Module):
-    """``fc2(gelu(fc1(x)))``: Linear layers (channels-last) or 1x1 convs (channels-first)."""
+    """``fc2(grn(gelu(fc1(x))))``: Linear layers (channels-last) or 1x1 convs (channels-first);
+    the GRN only with ``grn``."""
 
     fast_inference = True  # attn_core.fast_inference.enable (Linear layers only)
 
-    def __init__(self, dim: int, hidden: int, conv: bool) -> None:
+    def __init__(self, dim: int, hidden: int, conv: bool, grn: bool = False) -> None:
         super().__init__()
         layer = (lambda i, o: nn.Conv2d(i, o, 1)) if conv else nn.Linear
         self.fc1, self.act, self.fc2 = layer(dim, hidden), nn.GELU(), layer(hidden, dim)
+        self.grn = GlobalResponseNorm(hidden, channels_last=not conv) if grn else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         fast = self.fast_inference  # (1x1 convs: linear_act runs the modules)
-        return linear_act(self.fc2, linear_act(self.fc1, x, self.act, fast), enabled=fast)
+        x = linear_act(self.fc1, x, self.act, fast)
+        if self.grn is not None:
+            x = self.grn(x)
+        return linear_act(self.fc2, x, enabled=fast)
 
 
 class ConvNeXtBlock(nn.Module):
@@ -96,7 +124,7 @@ class ConvNeXtBlock(nn.Module):
         self.conv_mlp = c.conv_mlp
         self.conv_dw = nn.Conv2d(dim, dim, k, padding=k // 2, groups=dim, bias=c.conv_bias)
         self.norm = (LayerNorm2d if c.conv_mlp else nn.LayerNorm)(dim, eps=c.norm_eps)
-        self.mlp = _Mlp(dim, int(c.mlp_ratio * dim), c.conv_mlp)
+        self.mlp = _Mlp(dim, int(c.mlp_ratio * dim), c.conv_mlp, c.use_grn)
         gamma = c.ls_init_value is not None
         self.gamma = nn.Parameter(torch.full((dim,), c.ls_init_value)) if gamma else None
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
@@ -115,10 +143,10 @@ class ConvNeXtBlock(nn.Module):
 
 class _Stage(nn.Module):
     def __init__(
-        self, in_dim: int, dim: int, depth: int, c: ConvNeXtConfig, dpr: list[float]
+        self, in_dim: int, dim: int, depth: int, c: ConvNeXtConfig, dpr: list[float], down: bool
     ) -> None:
         super().__init__()
-        if in_dim != dim:  # stages 2-4 (stage 1 keeps the stem's resolution and width)
+        if down:  # stages 2-4, even at an unchanged width (stage 1 keeps the stem's resolution)
             conv = nn.Conv2d(in_dim, dim, 2, stride=2, bias=c.conv_bias)
             self.downsample = nn.Sequential(LayerNorm2d(in_dim, eps=c.norm_eps), conv)
         else:
@@ -132,7 +160,8 @@ class _Head(nn.Module):
 
     def __init__(self, dim: int, c: ConvNeXtConfig) -> None:
         super().__init__()
-        self.norm = nn.Identity() if c.head_norm_first else LayerNorm2d(dim, eps=c.norm_eps)
+        eps = c.norm_eps if c.head_norm_eps is None else c.head_norm_eps
+        self.norm = nn.Identity() if c.head_norm_first else LayerNorm2d(dim, eps=eps)
         self.pre_logits = nn.Sequential()
         if c.head_hidden_size:
             self.pre_logits.add_module("fc", nn.Linear(dim, c.head_hidden_size))
@@ -165,11 +194,12 @@ class ConvNeXt(nn.Module):
         self.stem = nn.Sequential(stem, LayerNorm2d(c.dims[0], eps=c.norm_eps))
         dpr = torch.linspace(0, c.drop_path_rate, sum(c.depths), device="cpu").tolist()
         stages, prev, start = [], c.dims[0], 0
-        for depth, dim in zip(c.depths, c.dims, strict=True):
-            stages.append(_Stage(prev, dim, depth, c, dpr[start : start + depth]))
+        for i, (depth, dim) in enumerate(zip(c.depths, c.dims, strict=True)):
+            stages.append(_Stage(prev, dim, depth, c, dpr[start : start + depth], down=i > 0))
             prev, start = dim, start + depth
         self.stages = nn.Sequential(*stages)
-        self.norm_pre = LayerNorm2d(prev, eps=c.norm_eps) if c.head_norm_first else nn.Identity()
+        head_eps = c.norm_eps if c.head_norm_eps is None else c.head_norm_eps
+        self.norm_pre = LayerNorm2d(prev, eps=head_eps) if c.head_norm_first else nn.Identity()
         self.head = _Head(prev, c)
         self.num_features = self.head.num_features
         if weight_init:

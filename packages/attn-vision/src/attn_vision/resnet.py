@@ -43,6 +43,7 @@ class ResNetConfig:
     avg_down: bool = False  # shortcut downsampling by 2x2 average pool + 1x1 conv ("D")
     cardinality: int = 1  # bottleneck 3x3 conv groups (ResNeXt: 32, 64)
     base_width: int = 64  # bottleneck width per group at width 64 (ResNeXt 4 / 8, wide 128)
+    stride_in_1x1: bool = False  # bottleneck stride on the first 1x1 conv (ResNet v1), not the 3x3
     drop_rate: float = 0.0  # dropout before the classifier
     drop_path_rate: float = 0.0  # stochastic depth on the residual branches
 
@@ -54,8 +55,9 @@ class ResNetConfig:
             raise ValueError(f"block must be 'basic' or 'bottleneck', got {self.block!r}")
         if self.stem_type not in ("", "deep"):
             raise ValueError(f"stem_type must be '' or 'deep', got {self.stem_type!r}")
-        if self.block == "basic" and (self.cardinality, self.base_width) != (1, 64):
-            raise ValueError("cardinality / base_width need block='bottleneck'")
+        bottleneck_only = (self.cardinality, self.base_width, self.stride_in_1x1) != (1, 64, False)
+        if self.block == "basic" and bottleneck_only:
+            raise ValueError("cardinality / base_width / stride_in_1x1 need block='bottleneck'")
 
 
 def _downsample(inplanes: int, outplanes: int, stride: int, avg_down: bool) -> nn.Module | None:
@@ -113,8 +115,8 @@ class BasicBlock(nn.Module):
 
 
 class Bottleneck(nn.Module):
-    """1x1 reduce, 3x3 (with the stride; grouped for ResNeXt), 1x1 expand to ``4 * planes``,
-    attention, + skip."""
+    """1x1 reduce, 3x3 (with the stride -- on the 1x1 with ``stride_in_1x1``; grouped for
+    ResNeXt), 1x1 expand to ``4 * planes``, attention, + skip."""
 
     expansion = 4
 
@@ -128,15 +130,17 @@ class Bottleneck(nn.Module):
         avg_down: bool = False,
         cardinality: int = 1,
         base_width: int = 64,
+        stride_in_1x1: bool = False,
     ) -> None:
         super().__init__()
         outplanes = planes * self.expansion
         width = math.floor(planes * base_width / 64) * cardinality  # ResNeXt / wide
-        self.conv1 = nn.Conv2d(inplanes, width, 1, bias=False)
+        s1, s3 = (stride, 1) if stride_in_1x1 else (1, stride)
+        self.conv1 = nn.Conv2d(inplanes, width, 1, stride=s1, bias=False)
         self.bn1 = nn.BatchNorm2d(width)
         self.act1 = nn.ReLU(inplace=True)
         self.conv2 = nn.Conv2d(
-            width, width, 3, stride=stride, padding=1, groups=cardinality, bias=False
+            width, width, 3, stride=s3, padding=1, groups=cardinality, bias=False
         )
         self.bn2 = nn.BatchNorm2d(width)
         self.act2 = nn.ReLU(inplace=True)
@@ -194,9 +198,10 @@ class ResNet(nn.Module):
         self.bn1 = nn.BatchNorm2d(stem_out)
         self.act1 = nn.ReLU(inplace=True)
         self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
-        groups = (
-            {} if c.block == "basic" else dict(cardinality=c.cardinality, base_width=c.base_width)
-        )
+        groups = {}
+        if c.block == "bottleneck":
+            groups = dict(cardinality=c.cardinality, base_width=c.base_width)
+            groups["stride_in_1x1"] = c.stride_in_1x1
 
         block = Bottleneck if c.block == "bottleneck" else BasicBlock
         dpr = torch.linspace(0, c.drop_path_rate, sum(c.layers), device="cpu").tolist()
