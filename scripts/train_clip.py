@@ -11,10 +11,14 @@ r"""Train a CLIP from scratch, or fine-tune a pretrained one, on image-caption C
     uv run scripts/train_clip.py --model coca_ViT-B-32 --pretrained laion2b_s13b_b90k ...
     # several processes (gloo on CPU, nccl on GPU); --batch-size is per process
     uv run torchrun --nproc-per-node 2 scripts/train_clip.py ...
+    # webdataset shards (img2dataset's layout; make_shapes.py --format wds writes some)
+    uv run scripts/train_clip.py --train-data 'data/shards/train/{00000..00007}.tar' ...
 
-Data: an open_clip-style CSV (``filepath,title``); unreadable images are skipped and
-counted. After every epoch: zero-shot top-1 / top-5 on each ``--zeroshot-dir`` ImageFolder,
-retrieval recall on ``--val-data``. Outputs in ``--out``: ``last/``, ``best/`` (by the first
+Data: an open_clip-style CSV (``filepath,title``), or webdataset shards (``{key}.jpg`` +
+``{key}.txt``; split by process and worker, ``--train-num-samples`` an epoch, resumed
+exactly: attn_train.wds); unreadable images and bad samples are skipped and counted. After
+every epoch: zero-shot top-1 / top-5 on each ``--zeroshot-dir`` ImageFolder, retrieval recall
+on ``--val-data``. Outputs in ``--out``: ``last/``, ``best/`` (by the first
 zero-shot set), ``final/`` (open_clip layout), ``wise_ft/``, ``log.jsonl``; rerun the same
 command to resume. Details (exact accumulation, DDP, init): docs/training.md.
 
@@ -39,6 +43,7 @@ import attn_train as at
 import torch
 from attn_core.hub import read_state_dict, save_state_dict
 from attn_train import CsvImageTextDataset, cli
+from attn_train import wds as shards
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--ema-decay", type=float, help="keep an EMA of the weights (0.998): final/ holds it"
     )
     g = p.add_argument_group("data")
-    g.add_argument("--train-data", type=Path, required=True, help="CSV of image paths + captions")
+    g.add_argument("--train-data", type=Path, required=True, help="CSV, or .tar shards {0..9}")
+    shards.add_shard_args(g)  # --dataset-type --train-num-samples --dataset-resampled
     g.add_argument("--csv-img-key", default="filepath", help="the CSV's image path column")
     g.add_argument("--csv-caption-key", default="title", help="the CSV's caption column")
     g.add_argument("--csv-separator", default=None, help="default: tab or comma, from the header")
@@ -86,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_inputs(args: argparse.Namespace) -> None:
     """Every path and number a user can get wrong, before anything is built or written."""
-    cli.require_file(args.train_data, "--train-data")
+    if not shards.uses_shards(args):  # (a shard list is checked there)
+        cli.require_file(args.train_data, "--train-data")
     cli.require_file(args.val_data, "--val-data")
     cli.require_file(args.zeroshot_classnames, "--zeroshot-classnames")
     for folder in args.zeroshot_dir:
@@ -135,6 +142,22 @@ def frozen_trunk(model: attn_clip.CLIP, args: argparse.Namespace) -> torch.nn.Mo
     return model.visual.trunk.requires_grad_(False) if args.lock_image_trunk else None
 
 
+def caption_special_ids(model: attn_clip.CLIP, tokenizer: Any) -> tuple[int, ...]:
+    """The tokens word dropout keeps: start, end of text and the model's own pad id (a CoCa
+    over RoBERTa pads with 1, not its config's 0); none for a CLIP (no decoder)."""
+    if not model.config.is_coca:
+        return ()
+    return tokenizer.sot_token_id, tokenizer.eot_token_id, model.pad_id
+
+
+def write_files(model: attn_clip.CLIP, loader: Any, folder: Path) -> None:
+    """A checkpoint's files besides model.safetensors: the config, the tokenizer and, from
+    shards, the data layout."""
+    attn_clip.save_config(model, folder)
+    if isinstance(loader, shards.ShardLoader):
+        loader.write_state(folder)
+
+
 def train(args: argparse.Namespace) -> dict[str, Any]:
     check_inputs(args)
     run = at.start_run(args)  # checks the run flags; writes nothing yet
@@ -153,12 +176,18 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     model.set_grad_checkpointing(args.grad_checkpointing)
     ema = at.make_ema(model, args.ema_decay)
     tokenizer = attn_clip.get_tokenizer(model.config)
-    special_ids = (tokenizer.sot_token_id, tokenizer.eot_token_id, model.config.text.pad_id)
+    special_ids = caption_special_ids(model, tokenizer)
     train_tf = attn_clip.image_transform(model.preprocess_cfg, is_train=not args.no_augment)
     eval_tf = attn_clip.image_transform(model.preprocess_cfg)
     csv = dict(img_key=args.csv_img_key, caption_key=args.csv_caption_key, sep=args.csv_separator)
-    data = CsvImageTextDataset(args.train_data, train_tf, tokenizer, seed=args.seed, **csv)
-    data.check_readable()  # no image decodes: stop now, before anything is written
+    if shards.uses_shards(args):  # checks the data; resuming, the layout (nothing written yet)
+        loader = shards.recipe_loader(args, run, train_tf, tokenizer=tokenizer)
+    else:
+        data = CsvImageTextDataset(args.train_data, train_tf, tokenizer, seed=args.seed, **csv)
+        data.check_readable()  # no image decodes: stop now, before anything is written
+        loader = at.make_loader(
+            data, args.batch_size, run.d, seed=args.seed, num_workers=args.workers
+        )
     val = CsvImageTextDataset(args.val_data, eval_tf, tokenizer, **csv) if args.val_data else None
     zs_sets = cli.zero_shot_sets(args, eval_tf)  # {folder name: ImageFolderDataset}
 
@@ -181,7 +210,6 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             out.update({f"val/{k}": v for k, v in recall.items()})
         return out
 
-    loader = at.make_loader(data, args.batch_size, run.d, seed=args.seed, num_workers=args.workers)
     max_steps, epochs = at.plan_steps(len(loader), args.accum, args.epochs, args.max_steps)
     optimizer, scheduler = at.adamw_cosine(model, args, max_steps, no_weight_decay=["*cls_token"])
     init_path = args.out / "wise_ft_init.safetensors"
@@ -238,7 +266,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             loss_fn, args.lock_image, args.caption_input_noise, special_ids
         ),
         evaluate=evaluate_all if has_eval else None,
-        write_files=lambda folder: attn_clip.save_config(model, folder),  # + model.safetensors
+        write_files=lambda folder: write_files(model, loader, folder),
         train_mode=train_mode,
         after_update=after_update,
         ema=ema,

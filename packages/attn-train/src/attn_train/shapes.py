@@ -30,7 +30,7 @@ import csv
 import json
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -404,6 +404,7 @@ def write_dataset(
     caption_style: str = "mixed",
     progress: bool = False,
     uncoloured: float = 0.0,
+    shard_size: int | None = None,
 ) -> dict:
     """Write the data set under ``root`` and return its metadata (also ``root/meta.json``).
 
@@ -419,6 +420,12 @@ def write_dataset(
     With ``uncoloured`` (see :func:`make_dataset`) the uncoloured training shapes go to
     ``root/train_uncoloured/<shape>/`` (not an ImageFolder class) and into ``train.csv``.
     Validation and held-out captions are always the full ``caption_style="full"`` kind.
+
+    With ``shard_size`` the training split is written as webdataset shards instead, in
+    img2dataset's layout (:class:`attn_vision.wds.ShardWriter`: ``root/train/00000.tar`` of
+    ``shard_size`` samples, ``{key}.jpg`` / ``.txt`` / ``.json`` (``class``, ``label``) and
+    ``.cls`` (the class's line in ``classnames.txt``; none for an uncoloured shape), a
+    ``.parquet`` beside each); ``meta["train_shards"]`` is their brace pattern.
     """
     root = Path(root)
     splits = {
@@ -426,7 +433,7 @@ def write_dataset(
         "val": (n_val, "train", "full", seed + 1),
         "heldout": (n_heldout, "heldout", "full", seed + 2),
     }
-    counts = {}
+    counts, meta_shards = {}, None
     for name, (n, split, style, split_seed) in splits.items():
         if n <= 0:
             continue
@@ -437,6 +444,9 @@ def write_dataset(
             from tqdm import tqdm
 
             iterator = tqdm(samples, desc=name, unit="img")
+        if name == "train" and shard_size is not None:
+            counts[name], meta_shards = len(samples), _write_shards(root, iterator, shard_size)
+            continue
         rows = []
         for i, s in enumerate(iterator):
             folder = (
@@ -465,5 +475,21 @@ def write_dataset(
         "positions": list(POSITIONS),
         "heldout": [class_name(c, s) for c, s in HELDOUT],
     }
+    if meta_shards is not None:
+        meta["train_shards"] = meta_shards
     (root / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return meta
+
+
+def _write_shards(root: Path, samples: Iterable[ShapeSample], shard_size: int) -> str:
+    """The training samples as shards in ``root/train``; returns their brace pattern
+    (relative to ``root``)."""
+    from attn_vision.wds import ShardWriter
+
+    index = {class_name(c, s): i for i, (c, s) in enumerate(combos("all"))}
+    with ShardWriter(root / "train", shard_size) as writer:
+        for s in samples:
+            label = None if s.uncoloured else index[s.class_name]
+            meta = {"class": None if s.uncoloured else s.class_name, "label": label}
+            writer.write(s.image(), s.caption, meta, cls=label)
+    return Path(writer.spec).relative_to(root).as_posix()

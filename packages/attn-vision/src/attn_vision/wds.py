@@ -311,7 +311,7 @@ def sample_label(sample: dict[str, Any], key: str = "cls") -> int | str:
 
 class ShardWriter:
     """Write samples as img2dataset does: ``{shard:05d}.tar`` of ``shard_size`` samples
-    (``{key}.jpg`` / ``.txt`` / ``.json``, key ``{shard:05d}{index:04d}``), a
+    (``{key}.jpg`` / ``.txt`` / ``.json`` [/ ``.cls``], key ``{shard:05d}{index:04d}``), a
     ``{shard:05d}.parquet`` of the same rows (key, caption, status, error_message, width,
     height, sha256 and the json fields) and ``{shard:05d}_stats.json`` beside it.
 
@@ -351,8 +351,15 @@ class ShardWriter:
         info.size, info.mode, info.mtime = len(data), 0o644, 0
         self._tar.addfile(info, io.BytesIO(data))  # type: ignore[union-attr]
 
-    def write(self, image: Image.Image, caption: str, meta: dict[str, Any] | None = None) -> str:
-        """Add one sample; returns its key. ``meta``: extra json fields (e.g. ``class``)."""
+    def write(
+        self,
+        image: Image.Image,
+        caption: str,
+        meta: dict[str, Any] | None = None,
+        cls: int | None = None,
+    ) -> str:
+        """Add one sample; returns its key. ``meta``: extra json fields (e.g. ``class``);
+        ``cls``: a class index, also written as ``{key}.cls`` (webdataset's convention)."""
         shard, index = divmod(self.count, self.shard_size)
         if index == 0:
             self._finish()
@@ -372,6 +379,8 @@ class ShardWriter:
         self._member(f"{key}.{self.image_format}", data)
         self._member(f"{key}.txt", caption.encode("utf-8"))
         self._member(f"{key}.json", json.dumps(row, sort_keys=True).encode("utf-8"))
+        if cls is not None:
+            self._member(f"{key}.cls", str(cls).encode())
         self._rows.append(row)
         self.count += 1
         return key
