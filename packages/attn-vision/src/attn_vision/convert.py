@@ -177,7 +177,7 @@ def _vit_state_dict(
     expected = expected_state_dict_shapes(model_cls, config)
     out: StateDict = {}
     for k, v in sd.items():
-        if k.startswith("pre_logits."):
+        if k.startswith("pre_logits.") and not config.representation_size:
             continue  # representation layer of old in21k checkpoints; unused (timm drops it too)
         if k.startswith("attn_pool.") and config.global_pool != "map":
             continue  # a SigLIP tower's MAP head, unused by this model's pooling (as in timm)

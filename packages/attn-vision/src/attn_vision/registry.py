@@ -50,29 +50,17 @@ from attn_core import hub
 from torch import nn
 
 from .constants import DEFAULT_CROP_PCT, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from .convert import (
-    convert_timm_convnext,
-    convert_timm_fastvit,
-    convert_timm_resnet,
-    convert_timm_swin,
-    convert_timm_vit,
-    convert_timm_vit_mci,
-    convert_timm_vitamin,
-)
-from .convnext import ConvNeXt, ConvNeXtConfig
-from .fastvit import FastVit, FastVitConfig, fastvit_args
+from .families import FAMILIES, make_config
+from .fastvit import fastvit_args
+from .hf import hf_module, is_hf_config
+from .hf.processor import PREPROCESSOR_CONFIG, data_config, read_preprocessor_config
 from .pretrained import (
     get_pretrained_cfg,
     pretrained_tags,
     read_table,
     resolve_pretrained,
 )
-from .resnet import ResNet, ResNetConfig
-from .swin import SwinConfig, SwinTransformer
 from .timm_args import TIMM_TRANSLATORS
-from .vit import VisionTransformer, ViTConfig
-from .vit_mci import MciVisionTransformer, MciViTConfig
-from .vitamin import Vitamin, VitaminConfig
 
 __all__ = [
     "ModelSpec",
@@ -98,16 +86,8 @@ DEFAULT_DATA_CFG = {
     "mean": IMAGENET_DEFAULT_MEAN,
     "std": IMAGENET_DEFAULT_STD,
 }
-# family -> (config dataclass, model class, converter from timm's state dict)
-FAMILIES: dict[str, tuple[type, type[nn.Module], Any]] = {
-    "vit": (ViTConfig, VisionTransformer, convert_timm_vit),
-    "swin": (SwinConfig, SwinTransformer, convert_timm_swin),
-    "resnet": (ResNetConfig, ResNet, convert_timm_resnet),
-    "convnext": (ConvNeXtConfig, ConvNeXt, convert_timm_convnext),
-    "vitamin": (VitaminConfig, Vitamin, convert_timm_vitamin),
-    "fastvit": (FastVitConfig, FastVit, convert_timm_fastvit),
-    "vit_mci": (MciViTConfig, MciVisionTransformer, convert_timm_vit_mci),
-}
+HF_HUB_PREFIX = "hf-hub:"
+HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # what transformers' folders hold
 
 
 # family -> the timm module of its entrypoints (a ViT preset's is in the table: ``eva`` or
@@ -355,23 +335,14 @@ def list_models(pattern: str | None = None, pretrained: bool = False) -> list[st
     return sorted(t for t in tagged if fnmatch.fnmatch(t, pattern))
 
 
-def _make_config(config_cls: type, args: dict[str, Any]) -> Any:
-    valid = {f.name for f in dataclasses.fields(config_cls) if f.init}
-    unknown = sorted(set(args) - valid)
-    if unknown:
-        raise ValueError(
-            f"unknown option(s) {unknown} for {config_cls.__name__}; valid: {sorted(valid)}"
-        )
-    return config_cls(**args)
-
-
 def _data_cfg(timm_cfg: dict[str, Any] | None, config: Any) -> dict[str, Any]:
     """The model's ``pretrained_cfg`` (timm's, with input size / classes of *this* model)."""
     cfg = dict(timm_cfg or {})
     for key, value in DEFAULT_DATA_CFG.items():
         cfg.setdefault(key, value)
     h, w = cfg["input_size"][1:]
-    if hasattr(config, "img_size"):
+    # (a transformers processor's size is its own: DINOv2 crops 224 px for a 518 px grid)
+    if hasattr(config, "img_size") and not cfg.get("processor_size"):
         img = config.img_size
         h, w = (img, img) if isinstance(img, int) else tuple(img)
     cfg["input_size"] = (config.in_chans, h, w)
@@ -431,7 +402,7 @@ def _resolve(name: str, overrides: dict[str, Any]) -> tuple[ModelSpec, Any, dict
             }:
                 args["img_size"] = tuple(timm_cfg["input_size"][1:])
     args.update(overrides)
-    return spec, _make_config(config_cls, args), timm_cfg
+    return spec, make_config(config_cls, args), timm_cfg
 
 
 # --- create / save / load ----------------------------------------------------------------
@@ -446,8 +417,10 @@ def create_model(
     """Build a preset or a saved folder, optionally with weights; returned in eval mode.
 
     Args:
-        name_or_path: a name from :func:`list_models` (``arch`` or ``arch.tag``), or a
-            folder written by :func:`save_pretrained`.
+        name_or_path: a name from :func:`list_models` (``arch`` or ``arch.tag``), a
+            folder written by :func:`save_pretrained` or by transformers' ``save_pretrained``
+            (:mod:`attn_vision.hf`: ViT, DeiT, DINOv2, ...), or ``"hf-hub:<repo id>"`` of
+            either (downloaded once into the hub cache).
         pretrained: ``None`` / ``False``: random init. ``True``: timm's weights for the
             name's tag (timm's default tag for a bare ``arch``), from the Hugging Face Hub
             cache or downloaded. A pretrained tag of the arch (``"augreg_in21k"``): that
@@ -463,6 +436,9 @@ def create_model(
     ``model.pretrained_cfg`` holds the preprocessing settings that
     :func:`attn_vision.create_transform` uses. Call ``.train()`` to train.
     """
+    if isinstance(name_or_path, str) and name_or_path.startswith(HF_HUB_PREFIX):
+        folder = _hub_folder(name_or_path[len(HF_HUB_PREFIX) :], cache_dir, local_files_only)
+        return _load_folder(folder, pretrained, overrides).eval()
     folder = _saved_folder(name_or_path)
     if folder is not None:
         return _load_folder(folder, pretrained, overrides).eval()
@@ -497,6 +473,19 @@ def create_model(
         state_dict = converter(hub.read_state_dict(path), config)
         hub.load_state_dict(model, state_dict, source=str(path))
     return model.eval()
+
+
+def _hub_folder(repo_id: str, cache_dir: str | os.PathLike | None, local_files_only: bool) -> Path:
+    """The hub snapshot folder of ``repo_id`` holding its ``config.json``, weights and (if
+    the repo has one) ``preprocessor_config.json``: cached, else downloaded."""
+    kwargs: dict[str, Any] = dict(cache_dir=cache_dir, local_files_only=local_files_only)
+    config = hub.download(repo_id, CONFIG_NAME, **kwargs)
+    hub.download(repo_id, HF_WEIGHTS, **kwargs)
+    try:
+        hub.download(repo_id, PREPROCESSOR_CONFIG, **kwargs)
+    except hub.WeightsUnavailableError:
+        pass  # optional: without it, the default preprocessing
+    return config.parent
 
 
 def _weights_file(pretrained: str | os.PathLike, arch: str) -> Path:
@@ -565,6 +554,8 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
         raise hub.CheckpointError(f"cannot read {path}: {e}") from None
     if not isinstance(cfg, dict):
         raise hub.CheckpointError(f"{path} must hold a JSON object, got {type(cfg).__name__}")
+    if is_hf_config(cfg) and "family" not in cfg:
+        return cfg  # transformers' (read by attn_vision.hf)
     unknown = sorted(set(cfg) - set(CONFIG_KEYS))
     missing = [k for k in CONFIG_KEYS if k not in cfg]
     if unknown or missing:
@@ -582,7 +573,7 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
         if not isinstance(cfg[key], dict):
             raise hub.CheckpointError(f"{path}: {key} must be a JSON object")
     try:
-        _make_config(FAMILIES[cfg["family"]][0], _tuples(cfg["model_args"]))
+        make_config(FAMILIES[cfg["family"]][0], _tuples(cfg["model_args"]))
     except (TypeError, ValueError) as e:
         raise hub.CheckpointError(f"{path}: model_args: {e}") from None
     return cfg
@@ -597,12 +588,39 @@ def _load_folder(
             f"(random init), not {pretrained!r}"
         )
     cfg = read_config(folder / CONFIG_NAME)
+    if is_hf_config(cfg):
+        return _load_hf_folder(folder, cfg, pretrained is not False, overrides)
     config_cls, model_cls, converter = FAMILIES[cfg["family"]]
-    config = _make_config(config_cls, {**_tuples(cfg["model_args"]), **overrides})
+    config = make_config(config_cls, {**_tuples(cfg["model_args"]), **overrides})
     loading = pretrained is not False
     model = model_cls(config, weight_init=not loading)
     model.pretrained_cfg = _data_cfg(_tuples(cfg["pretrained_cfg"]), config)
     if loading:
         state_dict = converter(hub.read_folder(folder, (WEIGHTS_NAME,)), config)
         hub.load_state_dict(model, state_dict, source=str(folder / WEIGHTS_NAME))
+    return model
+
+
+def _load_hf_folder(
+    folder: Path, hf_cfg: dict[str, Any], loading: bool, overrides: dict[str, Any]
+) -> nn.Module:
+    """A transformers ``save_pretrained`` folder: the model its ``config.json`` describes
+    (:mod:`attn_vision.hf`), its weights converted, ``id2label`` as the class names and
+    ``preprocessor_config.json`` as the preprocessing (``pretrained_cfg``)."""
+    module = hf_module(hf_cfg)
+    state_dict = hub.read_folder(folder, HF_WEIGHTS)
+    family, config = module.config_from_hf(hf_cfg, state_dict.keys())
+    config_cls, model_cls, _ = FAMILIES[family]
+    if overrides:
+        config = make_config(config_cls, {**dataclasses.asdict(config), **overrides})
+    model = model_cls(config, weight_init=not loading)
+    preprocessor = read_preprocessor_config(folder)
+    model.pretrained_cfg = _data_cfg(data_config(preprocessor, config), config)
+    model.pretrained_cfg["architecture"] = None
+    labels = hf_cfg.get("id2label") or {}
+    if config.num_classes and len(labels) == config.num_classes:
+        model.pretrained_cfg["label_names"] = tuple(str(labels[k]) for k in sorted(labels, key=int))
+    if loading:
+        converted = module.convert_hf(state_dict, hf_cfg)
+        hub.load_state_dict(model, converted, source=str(folder))
     return model

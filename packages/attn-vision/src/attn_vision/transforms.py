@@ -78,6 +78,8 @@ def resolve_data_config(
     if unknown:
         raise ValueError(f"unknown data config option(s) {sorted(unknown)}; valid: {sorted(data)}")
     data.update({k: v for k, v in overrides.items() if v is not None})
+    if cfg.get("crop_offset", "round") != "round":  # a transformers processor's crop
+        data["crop_offset"] = cfg["crop_offset"]
     return data
 
 
@@ -96,7 +98,9 @@ class EvalTransform:
         crop_mode: str = "center",
         mean: Sequence[float] = IMAGENET_DEFAULT_MEAN,
         std: Sequence[float] = IMAGENET_DEFAULT_STD,
+        crop_offset: str = "round",  # center crop offset: torchvision's, or "floor" (transformers)
     ) -> None:
+        self.crop_offset = crop_offset
         if interpolation not in PIL_INTERPOLATION:
             raise ValueError(
                 f"interpolation must be one of {sorted(PIL_INTERPOLATION)}, got {interpolation!r}"
@@ -126,7 +130,7 @@ class EvalTransform:
         else:  # cover ``scale`` with the aspect ratio kept (timm's ResizeKeepRatio)
             new_size = keep_ratio_size(img, scale, longest=False)
         img = resize(img, new_size, PIL_INTERPOLATION[self.interpolation])
-        x = to_tensor(center_crop_or_pad(img, self.size))
+        x = to_tensor(center_crop_or_pad(img, self.size, offset=self.crop_offset))
         mean = torch.as_tensor(self.mean, dtype=x.dtype).view(-1, 1, 1)
         std = torch.as_tensor(self.std, dtype=x.dtype).view(-1, 1, 1)
         return x.sub_(mean).div_(std)
@@ -159,9 +163,11 @@ def keep_ratio_size(img: Image.Image, size: Size, longest: bool) -> Size:
     return round(h / ratio), round(w / ratio)
 
 
-def center_crop_or_pad(img: Image.Image, size: Size, fill: int = 0) -> Image.Image:
+def center_crop_or_pad(
+    img: Image.Image, size: Size, fill: int = 0, offset: str = "round"
+) -> Image.Image:
     """torchvision's ``center_crop``: pad with ``fill`` where the image is smaller than
-    ``size``, then take the rounded center box."""
+    ``size``, then take the rounded center box (``offset="floor"``: transformers' box)."""
     th, tw = size
     w, h = img.size
     if tw > w or th > h:
@@ -176,6 +182,8 @@ def center_crop_or_pad(img: Image.Image, size: Size, fill: int = 0) -> Image.Ima
         w, h = img.size
         if (w, h) == (tw, th):
             return img
+    if offset == "floor":
+        return img.crop(((w - tw) // 2, (h - th) // 2, (w - tw) // 2 + tw, (h - th) // 2 + th))
     top, left = int(round((h - th) / 2.0)), int(round((w - tw) / 2.0))
     return img.crop((left, top, left + tw, top + th))
 

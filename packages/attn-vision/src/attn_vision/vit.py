@@ -18,7 +18,11 @@ column-first bands (``rope_grid_offset``, ``rope_grid_indexing="xy"``,
 (``attn_pool_num_heads``, ``attn_pool_mlp_ratio``) that reads the [CLS] token too
 (``pool_include_prefix``); timm's relative-position ViTs (``vit_relpos_*``): no absolute
 position embedding (``pos_embed="none"``) and a log-coordinate MLP bias per block
-(``rel_pos="mlp"``, :class:`RelPosMlp`, as ``blocks.{i}.attn.rel_pos``).
+(``rel_pos="mlp"``, :class:`RelPosMlp`, as ``blocks.{i}.attn.rel_pos``) and BEiT's learned
+table per block (``rel_pos="beit"``, :class:`~attn_vision.rel_pos.BeitRelPosBias`). For Hugging Face
+transformers' ViTs (:mod:`attn_vision.hf.vit`): the in21k pooler, a dense + tanh on the
+pooled token (``representation_size``, as ``pre_logits.fc``: old timm's name), and the
+position embedding resampled without antialiasing (``pos_embed_antialias=False``).
 
 Inference fast path (``fast_inference``, on by default; switched for a whole model by
 :func:`attn_core.fast_inference.enable` / ``disable``): the blocks and the patch embedding run
@@ -34,6 +38,7 @@ near-identity converter (:func:`attn_vision.convert.convert_timm_vit`).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -47,6 +52,7 @@ from torch import nn
 
 from .attention_pool import AttentionPoolLatent
 from .patch_embed import PatchEmbed, resample_abs_pos_embed, to_2tuple
+from .rel_pos import BeitRelPosBias
 from .swin import relative_position_index
 
 __all__ = [
@@ -61,7 +67,7 @@ __all__ = [
 GLOBAL_POOLS = ("token", "avg", "map", "")
 ROPE_GRID_INDEXINGS = ("ij", "xy")
 POS_EMBEDS = ("learn", "none")  # a learned absolute position embedding, or none
-REL_POS = ("", "mlp")  # no relative position bias, or timm's RelPosMlp
+REL_POS = ("", "mlp", "beit")  # no relative position bias, timm's RelPosMlp, BEiT's table
 
 
 def _check_pool(global_pool: str, class_token: bool, dist_token: bool) -> None:
@@ -177,13 +183,19 @@ class ViTConfig:
     rope_grid_offset: float = 0.0  # added to the RoPE row / column indices (PE-Core: 1)
     rope_grid_indexing: str = "ij"  # "ij": RoPE bands [rows | cols]; "xy": [cols | rows] (PE)
     pos_embed: str = "learn"  # "learn" (a learned absolute position embedding) or "none"
-    rel_pos: str = ""  # "mlp": a RelPosMlp bias in every block (timm vit_relpos_*); "" none
+    # "mlp": a RelPosMlp bias in every block (timm vit_relpos_*); "beit": a BeitRelPosBias
+    # table in every block; "" none
+    rel_pos: str = ""
     rel_pos_dim: int = 128  # hidden width of the RelPosMlp
     # "avg" / "map" pools read the prefix tokens too (timm; an Eva's MAP head always does)
     pool_include_prefix: bool = False
     attn_pool_num_heads: int | None = None  # MAP head's attention heads; None = num_heads
     attn_pool_mlp_ratio: float | None = None  # MAP head's MLP ratio; None = mlp_ratio
     init_values: float | None = None  # LayerScale init; None = no layer scale
+    # a Linear + tanh after pooling, before the head (transformers' ViTModel pooler); None: none
+    representation_size: int | None = None
+    # resampling pos_embed to another grid: bicubic antialiased (timm) or not (transformers)
+    pos_embed_antialias: bool = True
     dynamic_img_size: bool = True  # accept any size divisible by the patch (pos-embed resampled)
     drop_rate: float = 0.0  # dropout before the classifier
     pos_drop_rate: float = 0.0  # dropout after adding the position embedding
@@ -195,6 +207,8 @@ class ViTConfig:
         _check_pool(self.global_pool, self.class_token, self.dist_token)
         if self.dist_token and not self.class_token:
             raise ValueError("dist_token=True needs class_token=True (DeiT: [CLS], [DIST])")
+        if self.dist_token and self.representation_size:
+            raise ValueError("dist_token=True pools two tokens: expected representation_size None")
         if self.dist_token and self.fc_norm:
             raise ValueError("dist_token=True pools without fc_norm: expected fc_norm None/False")
         if self.post_norm and self.init_values is not None:
@@ -205,6 +219,9 @@ class ViTConfig:
             raise ValueError(f"pos_embed must be one of {POS_EMBEDS}, got {self.pos_embed!r}")
         if self.rel_pos not in REL_POS:
             raise ValueError(f"rel_pos must be one of {REL_POS}, got {self.rel_pos!r}")
+        if self.rel_pos == "beit" and (not self.class_token or self.num_prefix_tokens != 1):
+            raise ValueError("rel_pos='beit' has bias rows for one [CLS] token: expected "
+                             "class_token=True and no distillation / register tokens")  # fmt: skip
         if self.rope_grid_indexing not in ROPE_GRID_INDEXINGS:
             raise ValueError(f"rope_grid_indexing must be one of {ROPE_GRID_INDEXINGS}, got "
                              f"{self.rope_grid_indexing!r}")  # fmt: skip
@@ -252,6 +269,7 @@ class VisionTransformer(nn.Module):
         self.num_classes = c.num_classes
         self.num_prefix_tokens = c.num_prefix_tokens
         self.num_features = D
+        self.head_hidden_size = c.representation_size or D  # the head's input width
         self.grad_checkpointing = False
 
         self.patch_embed = PatchEmbed(
@@ -299,6 +317,9 @@ class VisionTransformer(nn.Module):
         if c.rel_pos == "mlp":  # (timm's names: blocks.{i}.attn.rel_pos; the ViT adds it)
             for blk in self.blocks:
                 blk.attn.rel_pos = RelPosMlp(c.num_heads, c.rel_pos_dim)
+        elif c.rel_pos == "beit":
+            for blk in self.blocks:
+                blk.attn.rel_pos = BeitRelPosBias(c.num_heads, c.grid_size)
         head_dim = D // c.num_heads
         rope_cls = XYAxialRotaryEmbedding if c.rope_grid_indexing == "xy" else AxialRotaryEmbedding
         self.rope = (
@@ -319,8 +340,13 @@ class VisionTransformer(nn.Module):
             else None
         )
         self.fc_norm = norm_layer(D) if c.final_norm and use_fc_norm else nn.Identity()
+        self.pre_logits = nn.Identity()
+        if c.representation_size:  # (timm's old names: pre_logits.fc, pre_logits.act)
+            fc = nn.Linear(D, c.representation_size)
+            self.pre_logits = nn.Sequential(OrderedDict(fc=fc, act=nn.Tanh()))
         self.head_drop = nn.Dropout(c.drop_rate)
-        self.head = nn.Linear(D, c.num_classes) if c.num_classes > 0 else nn.Identity()
+        R = self.head_hidden_size
+        self.head = nn.Linear(R, c.num_classes) if c.num_classes > 0 else nn.Identity()
         self.head_dist = None
         if c.dist_token:  # DeiT: a second classifier, on the distillation token
             self.head_dist = nn.Linear(D, c.num_classes) if c.num_classes > 0 else nn.Identity()
@@ -339,7 +365,7 @@ class VisionTransformer(nn.Module):
         if self.dist_token is not None:
             nn.init.trunc_normal_(self.dist_token, std=0.02)
         if self.attn_pool is not None:
-            nn.init.trunc_normal_(self.attn_pool.latent, std=self.num_features**-0.5)
+            nn.init.trunc_normal_(self.attn_pool.latent, std=self.config.embed_dim**-0.5)
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.trunc_normal_(m.weight, std=0.02)
@@ -369,7 +395,7 @@ class VisionTransformer(nn.Module):
         def head() -> nn.Module:
             if num_classes <= 0:
                 return nn.Identity()
-            return nn.Linear(self.num_features, num_classes).to(ref.device, ref.dtype)
+            return nn.Linear(self.head_hidden_size, num_classes).to(ref.device, ref.dtype)
 
         self.head = head()
         if self.head_dist is not None:
@@ -388,6 +414,7 @@ class VisionTransformer(nn.Module):
             (gh, gw),
             self.patch_embed.grid_size,
             num_prefix_tokens=0 if self.config.no_embed_class else self.num_prefix_tokens,
+            antialias=self.config.pos_embed_antialias,
         )
         if self.config.no_embed_class:
             x = torch.cat(prefix + [x + pos_embed], dim=1)
@@ -418,7 +445,7 @@ class VisionTransformer(nn.Module):
 
     def rel_pos_bias(self, image_size: tuple[int, int]) -> list[torch.Tensor] | None:
         """Each block's ``(1, Hd, N, N)`` relative position bias for ``(H, W)`` images
-        (``rel_pos="mlp"``; the blocks' additive ``attn_mask``), or None."""
+        (``rel_pos="mlp"`` / ``"beit"``; the blocks' additive ``attn_mask``), or None."""
         if not self.config.rel_pos:
             return None
         p = self.config.patch_size
@@ -472,7 +499,7 @@ class VisionTransformer(nn.Module):
         x = self._embed(x)
         if self._cls_only:
             cls = self.norm(self._blocks(x, rotary, cls_only=True, biases=biases))  # (B, 1, D)
-            return self.head_drop(self.fc_norm(cls[:, 0]))
+            return self.head_drop(self.pre_logits(self.fc_norm(cls[:, 0])))
         return self.forward_head(self.norm(self._blocks(x, rotary, biases=biases)), pre_logits=True)
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:
@@ -498,7 +525,7 @@ class VisionTransformer(nn.Module):
             if pre_logits:
                 return (x + x_dist) / 2
             return (self.head(x) + self.head_dist(x_dist)) / 2
-        x = self.head_drop(self.fc_norm(self.pool(x)))
+        x = self.head_drop(self.pre_logits(self.fc_norm(self.pool(x))))
         return x if pre_logits else self.head(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
