@@ -83,3 +83,68 @@ def test_a_model_name_needs_weights_or_random_weights(saved, capsys):
     assert app.main([*argv, "--random-weights", "--top-k", "1", "--json"]) == 0
     (row,) = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert len(row["predictions"]) == 1 and row["predictions"][0]["index"] in range(1000)
+
+
+LABELS = {0: "tabby cat", 1: "golden retriever", 2: "goldfish"}
+
+
+@pytest.fixture(scope="module")
+def hf_vit(tmp_path_factory):
+    """A tiny random transformers ViTForImageClassification (1 block of 2 x 16-channel heads
+    at 32 px, 3 named labels; the head scaled up so the classes are far apart) and its
+    image processor (transformers' PIL backend, which attn_vision's preprocessing
+    reproduces; its torchvision backend's bilinear resize differs by a level here and
+    there), saved as transformers saves them; 2 random-noise photos."""
+    from transformers import ViTConfig, ViTForImageClassification
+    from transformers import ViTImageProcessorPil as ViTImageProcessor
+
+    tmp = tmp_path_factory.mktemp("classify_hf")
+    torch.manual_seed(0)
+    config = ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                       intermediate_size=64, image_size=32, patch_size=8, id2label=LABELS,
+                       label2id={v: k for k, v in LABELS.items()})  # fmt: skip
+    model = ViTForImageClassification(config).eval()
+    with torch.no_grad():
+        model.classifier.weight.mul_(100)
+    processor = ViTImageProcessor(size={"height": 32, "width": 32})
+    model.save_pretrained(tmp / "vit")
+    processor.save_pretrained(tmp / "vit")
+    images = tmp / "photos"
+    images.mkdir()
+    gen = torch.Generator().manual_seed(1)
+    for i in range(2):
+        pixels = torch.randint(0, 256, (45, 60, 3), generator=gen, dtype=torch.uint8)
+        Image.fromarray(pixels.numpy()).save(images / f"{i}.png")
+    return model, processor, tmp / "vit", images
+
+
+def test_a_transformers_folder_prints_its_own_labels(hf_vit, capsys, tmp_path, monkeypatch,
+                                                     fake_hub_cache):  # fmt: skip
+    """The top-k of apps/classify.py on a transformers folder are transformers' own (its
+    processor, its logits, its id2label names); the same as hf-hub:<id> from the cache."""
+    from huggingface_hub import constants
+
+    model, processor, folder, images = hf_vit
+    args = ["--images", str(images), "--top-k", "3", "--json"]
+    assert app.main(["--model", str(folder), *args]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(rows) == 2
+    for r in rows:
+        inputs = processor(Image.open(r["image"]), return_tensors="pt")
+        with torch.no_grad():
+            probs = model(**inputs).logits.softmax(-1)[0]
+        top = probs.topk(3)
+        assert [p["class"] for p in r["predictions"]] == [LABELS[i] for i in top.indices.tolist()]
+        assert [p["prob"] for p in r["predictions"]] == pytest.approx(top.values.tolist(), abs=1e-5)
+    assert {r["predictions"][0]["class"] for r in rows} <= set(LABELS.values())
+
+    files = {p.name: p.read_bytes() for p in folder.iterdir()}
+    fake_hub_cache(tmp_path / "hub", "google/vit-tiny-test", files)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert app.main(["--model", "hf-hub:google/vit-tiny-test", *args]) == 0
+    again = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["predictions"] for r in again] == [r["predictions"] for r in rows]
+    assert app.main(["--model", "hf-hub:google/not-cached", *args]) == 2
+    line = error_line(capsys)
+    assert "google/not-cached" in line and str(tmp_path / "hub") in line

@@ -1,6 +1,7 @@
 """scripts/finetune_vit.py --model FOLDER: a model folder brings its weights (an
-attn_vision save_pretrained folder; a transformers ViTForImageClassification folder), gets a
-new head for the data's classes, fine-tunes, and a killed run resumes to the same weights."""
+attn_vision save_pretrained folder; a transformers ViTForImageClassification folder, read by
+attn_vision.create_model), gets a new head for the data's classes, fine-tunes, and a killed
+run resumes to the same weights."""
 
 from __future__ import annotations
 
@@ -35,11 +36,25 @@ def vision_folder(tmp: Path) -> Path:
     return attn_vision.save_pretrained(model, tmp / "attn_vision")
 
 
-@pytest.fixture(scope="module", params=["attn_vision"])
+def transformers_folder(tmp: Path) -> Path:
+    """The same ViT as transformers' ViTForImageClassification (its own labels), saved by
+    transformers with its image processor."""
+    from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessorPil
+
+    labels = {i: f"label {i}" for i in range(TINY_VIT["num_classes"])}
+    config = ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                       intermediate_size=128, image_size=32, patch_size=8, id2label=labels,
+                       label2id={v: k for k, v in labels.items()})  # fmt: skip
+    ViTForImageClassification(config).save_pretrained(tmp / "transformers")
+    ViTImageProcessorPil(size={"height": 32, "width": 32}).save_pretrained(tmp / "transformers")
+    return tmp / "transformers"
+
+
+@pytest.fixture(scope="module", params=["attn_vision", "transformers"])
 def folder(request, tmp_path_factory) -> Path:
     """A model folder with 5 classes (the data has 24)."""
     tmp = tmp_path_factory.mktemp("finetune_folder")
-    return {"attn_vision": vision_folder}[request.param](tmp)
+    return {"attn_vision": vision_folder, "transformers": transformers_folder}[request.param](tmp)
 
 
 def run_args(data: Path, folder: Path) -> list[str]:
