@@ -5,6 +5,7 @@ r"""Distil a CLIP (any loadable model) into a smaller CLIP on an image-caption C
         --model demo-shapes --set vision.width=64 vision.layers=2 text.token_dim=8 \
         --train-data data/shapes/train.csv --zeroshot-dir data/shapes/heldout \
         --zeroshot-classnames data/shapes/classnames.txt --out runs/distilled
+    # or from webdataset shards: --train-data 'data/shards/train/{00000..00007}.tar'
 
 The student (a named architecture with ``--set`` overrides, trained from scratch) learns
 from the teacher (CLIP-KD / TinyCLIP, :func:`attn_train.distill.clip_distillation`): its
@@ -33,6 +34,7 @@ import attn_core.cli  # noqa: F401  (first: Ctrl-C while torch loads -> one line
 import attn_train as at
 import torch
 from attn_train import CsvImageTextDataset, ImageFolderDataset, cli, distill
+from attn_train import wds as shards
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--ema-decay", type=float, help="keep an EMA of the student (0.998): final/ holds it"
     )
     g = p.add_argument_group("data")
-    g.add_argument("--train-data", type=Path, required=True, help="CSV: filepath,title")
+    g.add_argument("--train-data", type=Path, required=True, help="CSV, or .tar shards {0..9}")
+    shards.add_shard_args(g)  # --dataset-type --train-num-samples --dataset-resampled
     g.add_argument("--zeroshot-dir", type=Path, action="append", default=[], help="ImageFolder")
     g.add_argument("--zeroshot-classnames", type=Path, default=None, help="one class per line")
     g.add_argument("--zeroshot-templates", nargs="+", default=["a photo of a {}."], help="prompts")
@@ -88,7 +91,8 @@ def build_models(args: argparse.Namespace) -> tuple[attn_clip.CLIP, attn_clip.CL
 
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
-    cli.require_file(args.train_data, "--train-data")
+    if not shards.uses_shards(args):  # (a shard list is checked there)
+        cli.require_file(args.train_data, "--train-data")
     cli.require_file(args.zeroshot_classnames, "--zeroshot-classnames")
     for folder in args.zeroshot_dir:
         cli.require_dir(folder, "--zeroshot-dir")
@@ -100,8 +104,14 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     ema = at.make_ema(student, args.ema_decay)
     tokenizer = attn_clip.get_tokenizer(student.config)
     transform = attn_clip.image_transform(student.preprocess_cfg, is_train=True)
-    data = CsvImageTextDataset(args.train_data, transform, tokenizer, seed=args.seed)
-    data.check_readable()  # no image decodes: stop now, before anything is written
+    if shards.uses_shards(args):  # checks the data; resuming, the layout (nothing written yet)
+        loader = shards.recipe_loader(args, run, transform, tokenizer=tokenizer)
+    else:
+        data = CsvImageTextDataset(args.train_data, transform, tokenizer, seed=args.seed)
+        data.check_readable()  # no image decodes: stop now, before anything is written
+        loader = at.make_loader(
+            data, args.batch_size, run.d, seed=args.seed, num_workers=args.workers
+        )
     eval_tf = attn_clip.image_transform(student.preprocess_cfg)
     names = None
     if args.zeroshot_classnames is not None:
@@ -121,7 +131,6 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             out[f"zeroshot/{name}/top1"], out[f"zeroshot/{name}/top5"] = r["top1"], r["top5"]
         return out
 
-    loader = at.make_loader(data, args.batch_size, run.d, seed=args.seed, num_workers=args.workers)
     max_steps, epochs = at.plan_steps(len(loader), args.accum, args.epochs, args.max_steps)
     optimizer, scheduler = at.adamw_cosine(student, args, max_steps, no_weight_decay=["*cls_token"])
     clip_loss = attn_clip.ClipLoss()
@@ -163,7 +172,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         config,
         loss_fn=loss_fn,
         evaluate=evaluate if zs_sets else None,
-        write_files=lambda folder: attn_clip.save_config(student, folder),  # + model.safetensors
+        write_files=shards.with_data_state(
+            lambda folder: attn_clip.save_config(student, folder), loader
+        ),
         after_update=lambda: student.clamp_logit_scale_() or {},
         ema=ema,
     )

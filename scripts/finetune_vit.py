@@ -12,6 +12,9 @@ r"""Fine-tune (or train) an attn_vision classifier on ImageFolder train / val di
         --train-dir ... --val-dir ... --layer-decay 0.75
     # several processes (gloo on CPU, nccl on GPU); --batch-size is per process
     uv run torchrun --nproc-per-node 2 scripts/finetune_vit.py ...
+    # from webdataset shards ({key}.jpg + {key}.cls, or a json field: --label-key)
+    uv run scripts/finetune_vit.py --train-data 'data/shards/train/{00000..00007}.tar' \
+        --classnames data/shards/classnames.txt --val-dir data/shards/val ...
 
 timm's ``train.py`` in miniature, on ``attn_train.fit``: AdamW with timm's parameter groups
 (``--layer-decay``), warm-up + cosine, label smoothing, an EMA of the weights
@@ -40,6 +43,7 @@ import attn_vision
 import torch
 import torch.nn.functional as F
 from attn_train import ImageFolderDataset, cli
+from attn_train import wds as shards
 from torch import nn
 
 
@@ -68,7 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--grad-checkpointing", action="store_true", help="recompute activations (less memory)"
     )
     g = p.add_argument_group("data")
-    g.add_argument("--train-dir", type=Path, required=True, help="ImageFolder: CLASS/IMAGE")
+    g.add_argument("--train-dir", type=Path, help="ImageFolder: CLASS/IMAGE (or --train-data)")
+    g.add_argument("--train-data", help="webdataset shards: 'DIR/{00000..00009}.tar'")
+    g.add_argument("--classnames", type=Path, help="with --train-data: the classes, one a line")
+    g.add_argument("--label-key", default="cls", help="with --train-data: cls, or a json field")
+    shards.add_shard_args(g, dataset_type=False)  # --train-num-samples --dataset-resampled
     g.add_argument("--val-dir", type=Path, default=None, help="ImageFolder with the same classes")
     cli.add_image_loader_args(g)  # --workers --warn-skipped-fraction --eval-batch-size
     cli.add_augment_args(g)  # --no-augment --crop-pct --scale --hflip --aa --color-jitter --reprob
@@ -115,19 +123,44 @@ def build_model(args: argparse.Namespace, num_classes: int) -> nn.Module:
     return model
 
 
+def classnames(args: argparse.Namespace) -> list[str]:
+    """The classes: ``--classnames``' lines with ``--train-data``, else the ImageFolder's."""
+    if args.train_data is None:
+        return ImageFolderDataset(args.train_dir).classes
+    text = cli.read_text_file(args.classnames, "--classnames")
+    names = [c.strip() for c in text.splitlines() if c.strip()]
+    if not names:
+        raise ValueError(f"--classnames {args.classnames} lists no class")
+    return names
+
+
 def train(args: argparse.Namespace) -> dict[str, Any]:
+    if (args.train_dir is None) == (args.train_data is None):
+        raise ValueError("give --train-dir (an ImageFolder) or --train-data (shards), one of them")
+    if (args.train_data is None) != (args.classnames is None):
+        raise ValueError("--classnames FILE (the classes the labels index) goes with --train-data")
+    if args.train_data is not None:
+        shards.uses_shards(args)  # checks the shard files and flags
     cli.require_dir(args.train_dir, "--train-dir")
     cli.require_dir(args.val_dir, "--val-dir")
     run = at.start_run(args)  # checks the run flags; writes nothing yet
-    classes = ImageFolderDataset(args.train_dir).classes  # the class list sizes the head
+    classes = classnames(args)  # the class list sizes the head
     model = build_model(args, len(classes)).to(run.d.device)
     model.pretrained_cfg["label_names"] = classes  # timm's field for the class names
     eval_tf = attn_vision.create_transform(model, crop_pct=args.crop_pct)
     aug = cli.augment_kwargs(args)  # timm's training pipeline
     train_tf = eval_tf if args.no_augment else attn_vision.create_transform(model, True, **aug)
-    data = ImageFolderDataset(args.train_dir, train_tf, seed=args.seed)
-    data.check_readable()  # no image decodes: stop now, before anything is written
-    val = ImageFolderDataset(args.val_dir, eval_tf) if args.val_dir is not None else None
+    if args.train_data is not None:  # checks the data; resuming, the layout
+        label = dict(label=args.label_key, classnames=classes)
+        loader = shards.recipe_loader(args, run, train_tf, **label)
+    else:
+        data = ImageFolderDataset(args.train_dir, train_tf, seed=args.seed)
+        data.check_readable()  # no image decodes: stop now, before anything is written
+        loader = at.make_loader(
+            data, args.batch_size, run.d, seed=args.seed, num_workers=args.workers
+        )
+    names = classes if args.train_data is not None else None  # labels the val folders
+    val = ImageFolderDataset(args.val_dir, eval_tf, names) if args.val_dir is not None else None
     if val is not None and val.classes != classes:
         raise ValueError(f"{args.val_dir} has classes {val.classes}, train has {classes}")
     if args.grad_checkpointing:
@@ -135,7 +168,6 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     model.train()
     ema = at.make_ema(model, args.ema_decay)
 
-    loader = at.make_loader(data, args.batch_size, run.d, seed=args.seed, num_workers=args.workers)
     max_steps, epochs = at.plan_steps(len(loader), args.accum, args.epochs, args.max_steps)
     optimizer, scheduler = at.adamw_cosine(model, args, max_steps, layer_decay=args.layer_decay)
 
@@ -168,7 +200,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         config,
         loss_fn=loss_fn,
         evaluate=evaluate if val is not None else None,
-        write_files=lambda folder: attn_vision.save_pretrained(model, folder),
+        write_files=shards.with_data_state(
+            lambda folder: attn_vision.save_pretrained(model, folder), loader
+        ),
         ema=ema,
     )
     run.close(result)

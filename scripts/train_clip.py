@@ -150,14 +150,6 @@ def caption_special_ids(model: attn_clip.CLIP, tokenizer: Any) -> tuple[int, ...
     return tokenizer.sot_token_id, tokenizer.eot_token_id, model.pad_id
 
 
-def write_files(model: attn_clip.CLIP, loader: Any, folder: Path) -> None:
-    """A checkpoint's files besides model.safetensors: the config, the tokenizer and, from
-    shards, the data layout."""
-    attn_clip.save_config(model, folder)
-    if isinstance(loader, shards.ShardLoader):
-        loader.write_state(folder)
-
-
 def train(args: argparse.Namespace) -> dict[str, Any]:
     check_inputs(args)
     run = at.start_run(args)  # checks the run flags; writes nothing yet
@@ -266,7 +258,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             loss_fn, args.lock_image, args.caption_input_noise, special_ids
         ),
         evaluate=evaluate_all if has_eval else None,
-        write_files=lambda folder: write_files(model, loader, folder),
+        write_files=shards.with_data_state(
+            lambda folder: attn_clip.save_config(model, folder), loader
+        ),
         train_mode=train_mode,
         after_update=after_update,
         ema=ema,

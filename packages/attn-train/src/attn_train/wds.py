@@ -69,6 +69,7 @@ __all__ = [
     "make_shard_loader",
     "recipe_loader",
     "uses_shards",
+    "with_data_state",
 ]
 
 STATE = "shards.json"  # the data layout, in every checkpoint of a run trained from shards
@@ -358,15 +359,16 @@ def make_shard_loader(
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 
 
-def add_shard_args(p: Any) -> None:
-    """open_clip's webdataset flags: ``--dataset-type --train-num-samples
-    --dataset-resampled``."""
-    p.add_argument(
-        "--dataset-type",
-        choices=["auto", "csv", "webdataset"],
-        default="auto",
-        help="--train-data format (auto: webdataset when it names .tar shards)",
-    )
+def add_shard_args(p: Any, dataset_type: bool = True) -> None:
+    """open_clip's webdataset flags: ``--train-num-samples --dataset-resampled`` and, where
+    ``--train-data`` may also be a CSV, ``--dataset-type``."""
+    if dataset_type:
+        p.add_argument(
+            "--dataset-type",
+            choices=["auto", "csv", "webdataset"],
+            default="auto",
+            help="--train-data format (auto: webdataset when it names .tar shards)",
+        )
     p.add_argument("--train-num-samples", type=int, help="webdataset: samples an epoch (all)")
     p.add_argument(
         "--dataset-resampled", action="store_true", help="webdataset: draw shards with replacement"
@@ -374,16 +376,17 @@ def add_shard_args(p: Any) -> None:
 
 
 def uses_shards(args: Any) -> bool:
-    """Whether ``--train-data`` is a shard list (``--dataset-type``; auto: every name it
-    expands to ends in .tar / .tar.gz / .tgz); its files are checked then (``ValueError``)."""
-    text = str(args.train_data)
-    if args.dataset_type == "auto":
+    """Whether ``--train-data`` is a shard list (``--dataset-type``, if the recipe has it; auto:
+    every name it expands to ends in .tar / .tar.gz / .tgz); its files are checked then
+    (``ValueError``)."""
+    text, kind = str(args.train_data), getattr(args, "dataset_type", "webdataset")
+    if kind == "auto":
         try:
             shards = all(n.endswith(TAR_SUFFIXES) for n in wds.expand_urls(text))
         except ValueError:  # unbalanced braces: not a pattern
             shards = False
     else:
-        shards = args.dataset_type == "webdataset"
+        shards = kind == "webdataset"
     if not shards and (args.train_num_samples is not None or args.dataset_resampled):
         raise ValueError("--train-num-samples / --dataset-resampled are for webdataset shards")
     if shards:
@@ -416,3 +419,16 @@ def recipe_loader(
     if run.resume:
         loader.check_resume(run.last)
     return loader
+
+
+def with_data_state(write: Callable[[Path], None], loader: Any) -> Callable[[Path], None]:
+    """:func:`attn_train.fit`'s ``write_files``: ``write(folder)`` and, when ``loader`` is a
+    :class:`ShardLoader`, the data layout it is resumed with (:meth:`ShardLoader.write_state`)."""
+    if not isinstance(loader, ShardLoader):
+        return write
+
+    def both(folder: Path) -> None:
+        write(folder)
+        loader.write_state(folder)
+
+    return both
