@@ -97,3 +97,17 @@ def test_no_normalize_and_legacy_int_sizes(photos):
     assert cfg["input_size"] == (3, 32, 32)
     expected = processor(photos["chelsea"], return_tensors="np")["pixel_values"][0]
     assert np.abs(create_transform(cfg)(photos["chelsea"]).numpy() - expected).max() < 1e-5
+
+
+@pytest.mark.parametrize("name", ["vit", "dinov2"])
+def test_torchvision_backend_is_within_one_grey_level(photos, name):
+    """transformers' default (torchvision) backend resamples uint8 tensors: its pixels
+    differ from PIL's (and ours) by at most one grey level, 1 / 255 / std after normalising."""
+    pil = PROCESSORS[name]()
+    config = {k: v for k, v in _config(pil).items() if k != "image_processor_type"}
+    processor = getattr(T, type(pil).__name__.removesuffix("Pil"))(**config)
+    transform = create_transform(data_config(_config(pil), MODEL))
+    one_level = 1 / 255 / min(pil.image_std)
+    for img in photos.values():
+        expected = processor(img, return_tensors="pt")["pixel_values"][0]
+        assert (transform(img) - expected).abs().max() <= one_level + 1e-5

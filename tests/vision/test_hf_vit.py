@@ -32,12 +32,16 @@ CASES = {
                        dict(VIT, num_labels=5, hidden_act="gelu_new"), {}),
     "deit_teacher": (T.DeiTForImageClassificationWithTeacher, T.DeiTConfig,
                      dict(VIT, num_labels=4), {}),
+    "deit_model_no_pooler": (T.DeiTModel, T.DeiTConfig, VIT, dict(add_pooling_layer=False)),
     "dinov2": (T.Dinov2Model, T.Dinov2Config, dict(SMALL, layerscale_value=0.5), {}),
     "dinov2_giant": (T.Dinov2Model, T.Dinov2Config, dict(SMALL, use_swiglu_ffn=True), {}),
     "dinov2_classifier": (T.Dinov2ForImageClassification, T.Dinov2Config,
                           dict(SMALL, num_labels=3), {}),
     "dinov2_registers": (T.Dinov2WithRegistersModel, T.Dinov2WithRegistersConfig,
                          dict(SMALL, num_register_tokens=2), {}),
+    "dinov2_registers_classifier": (T.Dinov2WithRegistersForImageClassification,
+                                    T.Dinov2WithRegistersConfig,
+                                    dict(SMALL, num_register_tokens=3, num_labels=2), {}),
 }  # fmt: skip
 BIN = "vit_classifier"  # written as pytorch_model.bin (transformers 5's own state dict names)
 SECOND_SIZE = (28, 42)  # a 2 x 3 grid from the 3 x 3 one: resampled, downsampled in height
@@ -82,11 +86,14 @@ def folders(tmp_path_factory) -> dict[str, tuple[nn.Module, Path]]:
 
 @torch.no_grad()
 def _reference(name: str, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """transformers' logits, else its pooled output ([CLS] for a ViTModel without pooler)."""
+    """transformers' logits, else its pooled output ([CLS] for a ViTModel without pooler;
+    a distilled ViT's pooled features are the mean of [CLS] and [DIST], as timm's)."""
     kwargs = {"interpolate_pos_encoding": True} if name.startswith(("vit", "deit")) else {}
     out = model(pixel_values=x, **kwargs)
     if hasattr(out, "logits"):
         return out.logits
+    if name.startswith("deit"):
+        return out.last_hidden_state[:, :2].mean(dim=1)
     return out.last_hidden_state[:, 0] if out.pooler_output is None else out.pooler_output
 
 
@@ -95,13 +102,12 @@ def test_parity_with_transformers(folders, name):
     model, folder = folders[name]
     ours = attn_vision.create_model(folder)
     assert not ours.training
-    sizes = [(42, 42)] + ([] if name.startswith("deit") else [SECOND_SIZE])
-    for size in sizes:
+    for size in ((42, 42), SECOND_SIZE):
         x = torch.randn(2, 3, *size)
         with torch.no_grad():
             assert_close(ours(x), _reference(name, model, x), **TOL)
             if "classifier" not in name and "teacher" not in name:  # every token, in order
-                kwargs = {"interpolate_pos_encoding": True} if name.startswith("vit") else {}
+                kwargs = {"interpolate_pos_encoding": True} if "dinov2" not in name else {}
                 hidden = model(pixel_values=x, **kwargs).last_hidden_state
                 assert_close(ours.forward_features(x), hidden, **TOL)
 

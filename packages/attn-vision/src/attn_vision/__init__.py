@@ -12,6 +12,11 @@ Quick start::
     transform = attn_vision.create_transform(model)
     logits = model(transform(image)[None])
 
+Hugging Face transformers folders (``save_pretrained``'s ``config.json`` + weights) and hub
+ids load the same way, with transformers' numbers and the folder's label names and
+preprocessing: ``create_model("hf-hub:facebook/dinov2-small")``, ``create_model(folder)``;
+see ``python -m attn_vision.hf --coverage`` for the architectures that load.
+
 FastViT / MCi models (``fastvit_*``) and the MCi ViT (``vit_base_mci_224``) train with
 multi-branch blocks and run folded: ``model.reparameterize()`` merges every branch, BatchNorm
 and layer scale into single convolutions (in place; ``save_pretrained`` keeps it folded).
@@ -48,6 +53,7 @@ _EXPORTS = {
         "convert_timm_vitamin",
     ],
     "fastvit": ["FastVit", "FastVitConfig"],
+    "hf.vit": ["Dinov2LinearClassifier"],
     "mobileone": ["MobileOneBlock", "ReparamLargeKernelConv"],
     "patch_embed": ["PatchEmbed", "resample_abs_pos_embed"],
     "pretrained": ["PretrainedLocation", "get_pretrained_cfg", "resolve_pretrained"],
@@ -110,6 +116,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
         convert_timm_vitamin,
     )
     from .fastvit import FastVit, FastVitConfig
+    from .hf.vit import Dinov2LinearClassifier
     from .mobileone import MobileOneBlock, ReparamLargeKernelConv
     from .patch_embed import PatchEmbed, resample_abs_pos_embed
     from .pretrained import PretrainedLocation, get_pretrained_cfg, resolve_pretrained
