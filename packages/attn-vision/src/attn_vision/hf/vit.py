@@ -62,6 +62,7 @@ from torch import nn
 from ..convert import check_state_dict, expected_state_dict_shapes
 from ..patch_embed import resample_abs_pos_embed, to_2tuple
 from ..vit import VisionTransformer, ViTConfig
+from ._keys import check_architectures
 
 __all__ = [
     "ARCHITECTURES",
@@ -162,12 +163,7 @@ def config_from_hf(hf: Mapping[str, Any], state_dict_keys: Collection[str]) -> t
     """``config.json`` of a ViT / DeiT / DINOv2 checkpoint (and its weights' keys) ->
     ``(family, ViTConfig)``: family ``"vit"``, or ``"dinov2_linear"`` for a
     ``Dinov2ForImageClassification`` head. ``ValueError`` names a field we cannot build."""
-    model_type = hf.get("model_type")
-    if model_type not in MODEL_TYPES:
-        raise ValueError(f"model_type={model_type!r} is not one of {MODEL_TYPES}")
-    for arch in hf.get("architectures") or ():
-        if arch in REFUSED_ARCHITECTURES:
-            raise ValueError(f"architecture {arch} is not supported: {REFUSED_ARCHITECTURES[arch]}")
+    model_type = check_architectures(hf, MODEL_TYPES, REFUSED_ARCHITECTURES)
     keys = {_legacy(_strip(k)) for k in state_dict_keys}
     dinov2 = _dinov2(model_type)
     D = int(_field(hf, "hidden_size", 768))
