@@ -251,3 +251,23 @@ def test_coverage_command(capsys):
     assert out.strip() == coverage_report()
     assert "loads   dinov2_with_registers: Dinov2WithRegistersModel" in out
     assert "refused DeiTForImageClassification: one head on [CLS]" in out
+
+
+def test_hf_hub_sharded_from_the_cache(folders, tmp_path, fake_hub_cache):
+    model = folders["dinov2"][0]
+    model.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+    files = {p.name: p.read_bytes() for p in (tmp_path / "sharded").iterdir()}
+    assert "model.safetensors.index.json" in files and len(files) > 3
+    fake_hub_cache(tmp_path / "hub", "facebook/dinov2-sharded-test", files)
+    ours = attn_vision.create_model(
+        "hf-hub:facebook/dinov2-sharded-test", cache_dir=tmp_path / "hub", local_files_only=True
+    )
+    x = torch.randn(1, 3, 42, 42)
+    with torch.no_grad():
+        assert_close(ours(x), model(pixel_values=x).pooler_output, **TOL)
+    index = json.loads(files["model.safetensors.index.json"])
+    index["weight_map"]["embeddings.cls_token"] = "../../evil.safetensors"
+    files["model.safetensors.index.json"] = json.dumps(index).encode()
+    fake_hub_cache(tmp_path / "hub2", "evil/dinov2", files)
+    with pytest.raises(UnsafeCheckpointError, match="evil.safetensors"):
+        attn_vision.create_model("hf-hub:evil/dinov2", cache_dir=tmp_path / "hub2")

@@ -476,11 +476,22 @@ def create_model(
 
 
 def _hub_folder(repo_id: str, cache_dir: str | os.PathLike | None, local_files_only: bool) -> Path:
-    """The hub snapshot folder of ``repo_id`` holding its ``config.json``, weights and (if
-    the repo has one) ``preprocessor_config.json``: cached, else downloaded."""
+    """The hub snapshot folder of ``repo_id`` holding its ``config.json``, weights (one
+    file, or an ``*.index.json`` and its shards) and (if the repo has one)
+    ``preprocessor_config.json``: cached, else downloaded."""
     kwargs: dict[str, Any] = dict(cache_dir=cache_dir, local_files_only=local_files_only)
     config = hub.download(repo_id, CONFIG_NAME, **kwargs)
-    hub.download(repo_id, HF_WEIGHTS, **kwargs)
+    index_names = tuple(f"{name}.index.json" for name in HF_WEIGHTS)
+    weights = hub.download(repo_id, HF_WEIGHTS + index_names, **kwargs)
+    if weights.name in index_names:  # sharded: each shard (read_sharded checks the names)
+        try:
+            shards = set(json.loads(weights.read_text(encoding="utf-8"))["weight_map"].values())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise hub.CheckpointError(f"cannot read the shard index {weights}: {e}") from None
+        for shard in sorted(shards):
+            if not isinstance(shard, str) or ".." in Path(shard).parts or Path(shard).is_absolute():
+                raise hub.UnsafeCheckpointError(f"refusing shard {shard!r} named by {weights}")
+            hub.download(repo_id, shard, **kwargs)
     try:
         hub.download(repo_id, PREPROCESSOR_CONFIG, **kwargs)
     except hub.WeightsUnavailableError:
