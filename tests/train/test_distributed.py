@@ -1,11 +1,12 @@
-"""Training with 2 CPU processes under ``torchrun`` (gloo): DDP equals one process on the
-same global batch (attn_train.fit with accumulation, scripts/finetune_vit.py and
-scripts/train_clip.py), a CoCa trains under DDP with the caption loss (each rank's token mean,
-as open_clip's), scripts/train_translation.py runs and checkpoints both ranks, and
-``--fsdp`` (attn_train.fsdp: FSDP2) on finetune_vit and train_clip: losses and weights
-equal the DDP run, a run stopped mid-way resumes to the uninterrupted run's weights, the
-checkpoint is sharded (torch.distributed.checkpoint, one file per rank) next to whole
-weights, and a truncated or hostile checkpoint is one clear error.
+"""Training with 2 CPU processes under ``torchrun`` (gloo): DDP equals one process on the same
+global batch (attn_train.fit with accumulation, scripts/finetune_vit.py and
+scripts/train_clip.py, also from webdataset shards), a CoCa trains under DDP with the
+caption loss (each rank's token mean, as open_clip's), scripts/train_translation.py runs and
+checkpoints both ranks, and ``--fsdp`` (attn_train.fsdp: FSDP2) on finetune_vit and
+train_clip: losses and weights equal the DDP run, a run stopped mid-way resumes to the
+uninterrupted run's weights, the checkpoint is sharded (torch.distributed.checkpoint, one
+file per rank) next to whole weights, and a truncated or hostile checkpoint is one clear
+error.
 
 One ``torchrun`` launch runs every distributed training of the test suite (this file is its
 script: see ``worker``), so the interpreters, imports and the process group are paid for
@@ -46,6 +47,12 @@ def clip_args(data: Path) -> list[str]:
     ]
 
 
+def clip_shard_args(shards: Path) -> list[str]:
+    """train_clip from 8 shards of 8 samples (attn_train.wds): with 8 a process, rank r's
+    batch j is shard order[r + 2 j]; one process's batch j of 16, order[2 j] + order[2 j + 1]."""
+    return ["--train-data", str(shards / "train" / "{00000..00007}.tar"), *CLIP, *COMMON]
+
+
 def coca_args(data: Path) -> list[str]:
     return [
         "--train-data",
@@ -69,7 +76,7 @@ def without(args: list[str], flag: str) -> list[str]:
 # -- the torchrun worker -------------------------------------------------------------------
 
 
-def worker(out: Path, data: Path, corpus: Path) -> None:
+def worker(out: Path, data: Path, corpus: Path, shards: Path) -> None:
     """Every run of the tests, in one torchrun launch; rank 0 writes ``out/errors.json``."""
     import attn_train.loop
     import finetune_vit as fv
@@ -121,6 +128,7 @@ def worker(out: Path, data: Path, corpus: Path) -> None:
     clip = clip_args(data)
     tc.main([*clip, "--out", str(out / "clip_ddp")])
     tc.main([*clip, "--fsdp", "--out", str(out / "clip_fsdp")])
+    tc.main([*clip_shard_args(shards), "--out", str(out / "clip_shards_ddp")])
     tc.main([*coca_args(data), "--out", str(out / "coca_ddp")])
     tt.main([*translation_args(corpus), "--out", str(out / "translation_ddp")])
     barrier()
@@ -151,18 +159,28 @@ def corpus(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def runs(data, corpus, tmp_path_factory) -> Path:
+def shards(tmp_path_factory) -> Path:
+    """64 generated training samples as 8 webdataset shards of 8 (32 px)."""
+    from attn_train import shapes
+
+    root = tmp_path_factory.mktemp("shards")
+    shapes.write_dataset(root, n_train=64, n_val=0, n_heldout=0, image_size=32, shard_size=8)
+    return root
+
+
+@pytest.fixture(scope="module")
+def runs(data, corpus, shards, tmp_path_factory) -> Path:
     """The worker's runs. (The longest set-up of tests/train, ~29 s on 2 busy cores: two
-    interpreters that import torch and the packages, then 13 short trainings and 3 refused
+    interpreters that import torch and the packages, then 14 short trainings and 3 refused
     resumes, 5 of them FSDP runs whose sharded checkpoints cost ~0.5 s each save; it replaces
     5 launches.)"""
     out = tmp_path_factory.mktemp("runs")
-    torchrun([__file__, out, data, corpus], cwd=out)
+    torchrun([__file__, out, data, corpus, shards], cwd=out)
     return out
 
 
 @pytest.fixture(scope="module")
-def single(data, tmp_path_factory) -> Path:
+def single(data, shards, tmp_path_factory) -> Path:
     """The same trainings in this one process, on the same global batch."""
     import finetune_vit as fv
     import train_clip as tc
@@ -173,6 +191,8 @@ def single(data, tmp_path_factory) -> Path:
     fv.main([*vit, "--batch-size", "16", "--drop-path", "0", "--out", str(out / "vit")])
     clip = without(clip_args(data), "--batch-size")
     tc.main([*clip, "--batch-size", "16", "--out", str(out / "clip")])
+    clip = without(clip_shard_args(shards), "--batch-size")
+    tc.main([*clip, "--batch-size", "16", "--out", str(out / "clip_shards")])
     return out
 
 
@@ -221,6 +241,27 @@ def test_two_processes_equal_one_process(runs, single, ddp, one, atol):
     assert_weights_close(single / one / last, runs / ddp / last, atol)
     state = torch.load(runs / ddp / "last" / "trainer_state.pt", weights_only=True)
     assert len(state["rng"]) == 2  # both ranks' random state, for an exact resume
+
+
+def test_two_processes_from_shards_equal_one_process(runs, single):
+    """2 ranks x 8 x accumulation 2 from shards vs one process of 16 x 2: the same global
+    batches (3 updates: 2 epochs, the shards reshuffled for the second), gloo."""
+    ddp, one = runs / "clip_shards_ddp", single / "clip_shards"
+    start = records(ddp)[0]
+    assert start["world_size"] == 2 and start["global_batch"] == records(one)[0]["global_batch"]
+    a, b = step_losses(one), step_losses(ddp)
+    assert sorted(a) == sorted(b) == [1, 2, 3]
+    for k in a:
+        assert b[k] == pytest.approx(a[k], rel=1e-6, abs=1e-6), k
+    # float rounding of the gathered sums, turned into AdamW steps: within 1e-5 everywhere
+    # (7.1e-6 measured) and within 1e-6 but for a few elements (11 of 815,185 measured)
+    last = "last/model.safetensors"
+    assert_weights_close(one / last, ddp / last, 1e-5)
+    wa, wb = weights(one / "last"), weights(ddp / "last")
+    diff = torch.cat([(wa[k] - wb[k]).abs().flatten() for k in wa])
+    assert (diff > 1e-6).float().mean() < 1e-4, int((diff > 1e-6).sum())
+    layout = json.loads((ddp / "last" / "shards.json").read_text())
+    assert layout["world_size"] == 2 and layout["shards"] == 8
 
 
 def test_coca_trains_under_ddp(runs):
@@ -334,4 +375,4 @@ def test_fsdp_without_torchrun_is_one_error_line(data, tmp_path, capsys):
 
 
 if __name__ == "__main__":
-    worker(*map(Path, sys.argv[1:4]))
+    worker(*map(Path, sys.argv[1:5]))
