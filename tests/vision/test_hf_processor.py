@@ -111,3 +111,28 @@ def test_torchvision_backend_is_within_one_grey_level(photos, name):
     for img in photos.values():
         expected = processor(img, return_tensors="pt")["pixel_values"][0]
         assert (transform(img) - expected).abs().max() <= one_level + 1e-5
+
+
+# preprocessor_config.json of older hub folders (transformers 4's feature extractors)
+LEGACY = {
+    "google/vit-base-patch16-224": ("ViTImageProcessorPil", dict(
+        feature_extractor_type="ViTFeatureExtractor", do_normalize=True, do_resize=True,
+        image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5], resample=2, size=224)),
+    "microsoft/resnet-50": ("ConvNextImageProcessorPil", dict(
+        feature_extractor_type="ConvNextFeatureExtractor", crop_pct=0.875, do_normalize=True,
+        do_resize=True, resample=3, size=224, **IMAGENET)),
+    "facebook/deit-base-distilled-patch16-224": ("DeiTImageProcessorPil", dict(
+        feature_extractor_type="DeiTFeatureExtractor", crop_size=224, do_center_crop=True,
+        do_normalize=True, do_resize=True, resample=3, size=256, **IMAGENET)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("repo", list(LEGACY))
+def test_older_hub_configs(photos, tmp_path, repo):
+    class_name, config = LEGACY[repo]
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(config))
+    processor = getattr(T, class_name).from_pretrained(tmp_path)
+    transform = create_transform(data_config(read_preprocessor_config(tmp_path), MODEL))
+    for photo, img in photos.items():
+        expected = torch.from_numpy(processor(img, return_tensors="np")["pixel_values"][0])
+        torch.testing.assert_close(transform(img), expected, atol=1e-5, rtol=0, msg=photo)

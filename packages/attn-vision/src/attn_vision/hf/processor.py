@@ -85,7 +85,11 @@ def data_config(preprocessor: Mapping[str, Any] | None, config: Any) -> dict[str
     if preprocessor is None:
         return {}
     p = preprocessor
-    kind = str(p.get("image_processor_type", "")).removesuffix("Fast").removesuffix("Pil")
+    kind = str(p.get("image_processor_type") or p.get("feature_extractor_type") or "")
+    # (older hub folders name the class ViTFeatureExtractor, ConvNextFeatureExtractor, ...)
+    kind = (
+        kind.removesuffix("Fast").removesuffix("Pil").replace("FeatureExtractor", "ImageProcessor")
+    )
     if not p.get("do_resize", True):
         raise ValueError(
             "do_resize=False is not supported: images of any size would reach the model"
