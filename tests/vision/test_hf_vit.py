@@ -15,7 +15,7 @@ import torch
 import transformers as T
 from attn_core.hub import CheckpointError, UnsafeCheckpointError, WeightsUnavailableError
 from attn_vision.hf import coverage_report, main
-from attn_vision.hf.vit import Dinov2LinearClassifier
+from attn_vision.hf.vit import Dinov2LinearClassifier, convert_hf
 from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.testing import assert_close
@@ -271,3 +271,34 @@ def test_hf_hub_sharded_from_the_cache(folders, tmp_path, fake_hub_cache):
     fake_hub_cache(tmp_path / "hub2", "evil/dinov2", files)
     with pytest.raises(UnsafeCheckpointError, match="evil.safetensors"):
         attn_vision.create_model("hf-hub:evil/dinov2", cache_dir=tmp_path / "hub2")
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_in_memory_names_convert_alike(folders, name):
+    """transformers 5's in-memory state dict (``layers.{i}.attention.q_proj``, SwiGLU's
+    ``gate_proj`` / ``up_proj``, ...) converts to the tensors its safetensors file does."""
+    model, folder = folders[name]
+    hf = json.loads((folder / "config.json").read_text())
+    ours = convert_hf(model.state_dict(), hf)
+    if name != BIN:
+        from_file = convert_hf(load_file(str(folder / "model.safetensors")), hf)
+        assert ours.keys() == from_file.keys()
+        assert all(torch.equal(ours[k], from_file[k]) for k in ours)
+    else:
+        assert ours.keys() == attn_vision.create_model(folder).state_dict().keys()
+
+
+def test_a_missing_projection_is_named(folders):
+    model, folder = folders["dinov2_giant"]
+    sd = load_file(str(folder / "model.safetensors"))
+    hf = json.loads((folder / "config.json").read_text())
+    del sd["encoder.layer.0.mlp.weights_in.bias"]
+    with pytest.raises(CheckpointError, match=r"(?s)missing keys.*blocks\.0\.mlp\.fc1\.bias"):
+        convert_hf(sd, hf)
+    del sd["encoder.layer.1.attention.attention.key.bias"]
+    with pytest.raises(CheckpointError, match=r"encoder\.layer\.1\.attention\.attention\.key"):
+        convert_hf(sd, hf)
+    sd = model.state_dict()
+    del sd["encoder.layer.1.mlp.up_proj.weight"]
+    with pytest.raises(CheckpointError, match=r"encoder\.layer\.1\.mlp\.up_proj\.weight"):
+        convert_hf(sd, hf)

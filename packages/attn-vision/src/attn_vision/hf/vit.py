@@ -26,7 +26,8 @@ prefix ``vit.`` / ``deit.`` / ``dinov2.`` / ``dinov2_with_registers.``)::
     cls_classifier / distillation_classifier    head / head_dist   (DeiT with teacher)
 
 (transformers 5's in-memory names -- ``layers.{i}.attention.q_proj``, ``o_proj``,
-``mlp.fc1`` -- are read too.) The model math that differs from timm's ViT and is read
+``mlp.fc1``, SwiGLU's ``mlp.gate_proj`` / ``up_proj`` / ``down_proj`` -- are read too.)
+The model math that differs from timm's ViT and is read
 from the config: ``layer_norm_eps`` (1e-12 in ViT / DeiT), ``hidden_act``, ``qkv_bias``,
 ``intermediate_size`` / ``mlp_ratio``, ``image_size``, ``patch_size``, ``num_channels``,
 ``layerscale_value``, ``use_swiglu_ffn`` (DINOv2-giant: SwiGLU, two thirds of the hidden
@@ -116,7 +117,6 @@ HF_ACTS = {
     "swish": "silu",
 }
 _PREFIXES = ("vit.", "deit.", "dinov2_with_registers.", "dinov2.")
-_HEADS = ("classifier.", "cls_classifier.", "distillation_classifier.")
 
 
 def _dinov2(model_type: str) -> bool:
@@ -236,6 +236,14 @@ _NEW_NAMES = (
     (r"\.attention\.o_proj\.", r".attention.output.dense."),
 )
 _QKV = {"q_proj": "query", "k_proj": "key", "v_proj": "value"}
+# separate projections -> our fused one, concatenated in this order (SwiGLU: [gate, x])
+_FUSED = {
+    "attention.attention.query": "attn.qkv",
+    "attention.attention.key": "attn.qkv",
+    "attention.attention.value": "attn.qkv",
+    "mlp.gate_proj": "mlp.fc1",  # (transformers 5's in-memory SwiGLU names)
+    "mlp.up_proj": "mlp.fc1",
+}
 _LAYER = {  # (legacy) per-layer names -> ours
     "attention.output.dense": "attn.proj",
     "layernorm_before": "norm1",
@@ -248,6 +256,7 @@ _LAYER = {  # (legacy) per-layer names -> ours
     "mlp.fc2": "mlp.fc2",
     "mlp.weights_in": "mlp.fc1",
     "mlp.weights_out": "mlp.fc2",
+    "mlp.down_proj": "mlp.fc2",
     "layer_scale1": "ls1",
     "layer_scale2": "ls2",
 }
@@ -299,24 +308,23 @@ def convert_hf(
     key)."""
     family, config = config_from_hf(hf, state_dict.keys())
     sd: dict[str, torch.Tensor] = {}
-    qkv: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
+    fused: dict[tuple[str, str, str], dict[str, torch.Tensor]] = {}  # (layer, ours, kind)
     for key, value in state_dict.items():
         key = _legacy(_strip(key))
         if key in _DROPPED:
             continue
-        m = re.match(r"encoder\.layer\.(\d+)\.attention\.attention\.(query|key|value)\.(\w+)$", key)
-        if m:
-            qkv.setdefault((m[1], m[3]), {})[m[2]] = value
+        m = re.match(r"encoder\.layer\.(\d+)\.(.+)\.(weight|bias)$", key)
+        if m and m[2] in _FUSED:
+            fused.setdefault((m[1], _FUSED[m[2]], m[3]), {})[m[2]] = value
             continue
         sd[_rename(key)] = value
-    for (i, kind), parts in qkv.items():
-        missing = [n for n in ("query", "key", "value") if n not in parts]
+    for (i, ours, kind), parts in fused.items():
+        names = [n for n, target in _FUSED.items() if target == ours]  # in fusing order
+        missing = [f"encoder.layer.{i}.{n}.{kind}" for n in names if n not in parts]
         if missing:
-            raise CheckpointError(
-                f"transformers ViT checkpoint: layer {i} has no attention {', '.join(missing)} "
-                f"{kind}"
-            )
-        sd[f"blocks.{i}.attn.qkv.{kind}"] = torch.cat([parts[n] for n in ("query", "key", "value")])
+            raise CheckpointError(f"transformers {hf['model_type']} checkpoint: missing keys "
+                                  f"{', '.join(missing)}")  # fmt: skip
+        sd[f"blocks.{i}.{ours}.{kind}"] = torch.cat([parts[n] for n in names])
     if config.reg_tokens and "pos_embed" in sd and "cls_token" in sd:
         pos = sd["pos_embed"]  # (1, 1 + L, D): [CLS] position first, registers have none
         sd["cls_token"] = sd["cls_token"] + pos[:, :1]
