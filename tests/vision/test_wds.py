@@ -245,3 +245,28 @@ def test_an_interrupted_writer_leaves_no_partial_shard(tmp_path):
         w.write(Image.new("RGB", (8, 8)), "one")
         raise KeyboardInterrupt
     assert list(tmp_path.iterdir()) == []
+
+
+def test_links_and_parent_paths_in_a_shard_read_nothing_outside_it(tmp_path):
+    """A hostile shard: a symlink and a hard link to a file outside it, a ``../`` name. Links
+    are not samples' files (as in webdataset); nothing is extracted to disk."""
+    outside = tmp_path / "secret.jpg"
+    outside.write_bytes(JPG)
+    path = tmp_path / "evil.tar"
+    with tarfile.open(path, "w") as tar:
+        for name, kind in (("0001.jpg", tarfile.SYMTYPE), ("0002.jpg", tarfile.LNKTYPE)):
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = kind, str(outside)
+            tar.addfile(info)
+        for name, data in (("0001.txt", b"one"), ("0002.txt", b"two"), ("../0003.jpg", JPG)):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    reference = list(wd.DataPipeline(wd.SimpleShardList(str(path)), wd.tarfile_to_samples()))
+    got = ours(str(path))
+    assert got == reference
+    assert [sorted(k for k in s if not k.startswith("__")) for s in got] == [["txt"]] * 2 + [
+        ["jpg"]
+    ]
+    assert got[2]["__key__"] == "../0003" and got[2]["jpg"] == JPG  # the tar's own bytes
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["evil.tar", "secret.jpg"]
