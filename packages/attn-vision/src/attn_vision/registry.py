@@ -33,6 +33,13 @@ A folder written by :func:`save_pretrained` holds ``config.json`` and
 and is read strictly: unknown keys are refused by name (``attn_core.hub.CheckpointError``).
 A reparameterized FastViT / MCi model (``model.reparameterize()``) saves
 ``"inference_mode": true`` in its ``model_args`` and loads back folded.
+
+A folder that transformers' ``save_pretrained`` wrote (``config.json`` with a
+``model_type``) and ``"hf-hub:<repo id>"`` (either kind of folder, from the hub cache or
+downloaded) load through :mod:`attn_vision.hf`: the model its config describes, the
+converted weights, ``id2label`` as ``pretrained_cfg["label_names"]`` and
+``preprocessor_config.json`` as the preprocessing; ``save_pretrained`` of such a model
+writes our folder.
 """
 
 from __future__ import annotations
@@ -557,7 +564,8 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike) -> Path:
 
 def read_config(path: str | os.PathLike) -> dict[str, Any]:
     """A save_pretrained ``config.json``, checked strictly (a ``CheckpointError`` names any
-    unknown or missing key, an unknown family or config field)."""
+    unknown or missing key, an unknown family or config field); a transformers
+    ``config.json`` (a ``model_type``, no ``family``) as it is, for :mod:`attn_vision.hf`."""
     path = Path(path)
     try:
         cfg = json.loads(path.read_text(encoding="utf-8"))
