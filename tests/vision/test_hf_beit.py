@@ -10,10 +10,12 @@ from pathlib import Path
 
 import attn_vision
 import pytest
+import skimage.data
 import torch
 from attn_core.hub import CheckpointError
 from attn_vision.hf.beit import config_from_hf, convert_hf
 from attn_vision.vit import VisionTransformer
+from PIL import Image
 from safetensors.torch import load_file, save_file
 
 transformers = pytest.importorskip("transformers")
@@ -194,7 +196,23 @@ def test_refused_fields_are_named(fields, message):
 def test_create_model_folder_labels_and_save_pretrained_round_trip(tmp_path, randomize):
     ref, folder = _folder(tmp_path / "hf", randomize, "BeitForImageClassification",
                           id2label={i: f"class {i}" for i in range(5)}, **ALL_ON)  # fmt: skip
+    processor = transformers.BeitImageProcessorPil(
+        size=32,
+        crop_size=32,
+        do_center_crop=False,
+        image_mean=[0.5] * 3,
+        image_std=[0.5] * 3,
+        resample=2,
+    )
+    processor.save_pretrained(folder)  # the folder as on the hub: + preprocessor_config.json
     model = attn_vision.create_model(folder).eval()
+    photo = Image.fromarray(skimage.data.astronaut())
+    torch.testing.assert_close(
+        attn_vision.create_transform(model)(photo)[None],
+        processor(photo, return_tensors="pt").pixel_values,
+        atol=1e-5,
+        rtol=0.0,
+    )
     assert isinstance(model, VisionTransformer) and model.config.rel_pos == "beit"
     assert model.pretrained_cfg["label_names"] == tuple(f"class {i}" for i in range(5))
     x = torch.randn(2, 3, 32, 32)

@@ -9,10 +9,12 @@ from pathlib import Path
 
 import attn_vision
 import pytest
+import skimage.data
 import torch
 from attn_core.hub import CheckpointError
 from attn_vision.hf.swin import config_from_hf, convert_hf
 from attn_vision.swin import SwinTransformer
+from PIL import Image
 from safetensors.torch import load_file, save_file
 
 transformers = pytest.importorskip("transformers")
@@ -138,7 +140,16 @@ def test_refused_fields_are_named(fields, message):
 def test_create_model_folder_labels_and_save_pretrained_round_trip(tmp_path, randomize):
     ref, folder = _folder(tmp_path / "hf", randomize, "SwinForImageClassification",
                           id2label={i: f"class {i}" for i in range(5)})  # fmt: skip
+    processor = transformers.ViTImageProcessorPil(size=112, resample=3)
+    processor.save_pretrained(folder)  # the folder as on the hub: + preprocessor_config.json
     model = attn_vision.create_model(folder).eval()
+    photo = Image.fromarray(skimage.data.astronaut())
+    torch.testing.assert_close(
+        attn_vision.create_transform(model)(photo)[None],
+        processor(photo, return_tensors="pt").pixel_values,
+        atol=1e-5,
+        rtol=0.0,
+    )
     assert isinstance(model, SwinTransformer)
     assert model.pretrained_cfg["label_names"] == tuple(f"class {i}" for i in range(5))
     x = torch.randn(2, 3, 112, 112)

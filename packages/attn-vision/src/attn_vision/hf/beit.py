@@ -47,6 +47,7 @@ from attn_core.hub import CheckpointError
 
 from ..patch_embed import to_2tuple
 from ..vit import VisionTransformer, ViTConfig
+from ._keys import check_architectures
 from .vit import (
     _BACKBONE,
     _DROPPED,
@@ -97,11 +98,7 @@ def _strip(key: str) -> str:
 def config_from_hf(hf: Mapping[str, Any], state_dict_keys: Collection[str]) -> tuple[str, Any]:
     """``config.json`` of a BEiT checkpoint (and its weights' keys) -> ``("vit", ViTConfig)``.
     ``ValueError`` names a field we cannot build."""
-    if hf.get("model_type") not in MODEL_TYPES:
-        raise ValueError(f"model_type={hf.get('model_type')!r} is not one of {MODEL_TYPES}")
-    for arch in hf.get("architectures") or ():
-        if arch in REFUSED_ARCHITECTURES:
-            raise ValueError(f"architecture {arch} is not supported: {REFUSED_ARCHITECTURES[arch]}")
+    check_architectures(hf, MODEL_TYPES, REFUSED_ARCHITECTURES)
     D = int(_field(hf, "hidden_size", 768))
     heads = int(_field(hf, "num_attention_heads", 12))
     if D % heads or int(_field(hf, "head_dim", D // heads)) != D // heads:

@@ -46,6 +46,7 @@ from attn_core.hub import CheckpointError
 from ..convert import check_state_dict, expected_state_dict_shapes
 from ..patch_embed import to_2tuple
 from ..swin import SwinConfig, SwinTransformer
+from ._keys import check_architectures
 from .vit import _BACKBONE, _MIM, _field, _num_labels
 
 __all__ = ["ARCHITECTURES", "MODEL_TYPES", "REFUSED_ARCHITECTURES", "config_from_hf", "convert_hf"]
@@ -83,11 +84,7 @@ def _stage_windows(grid: tuple[int, int], depths: tuple[int, ...], window: int) 
 def config_from_hf(hf: Mapping[str, Any], state_dict_keys: Collection[str]) -> tuple[str, Any]:
     """``config.json`` of a Swin checkpoint (and its weights' keys) -> ``("swin", SwinConfig)``.
     ``ValueError`` names a field we cannot build."""
-    if hf.get("model_type") not in MODEL_TYPES:
-        raise ValueError(f"model_type={hf.get('model_type')!r} is not one of {MODEL_TYPES}")
-    for arch in hf.get("architectures") or ():
-        if arch in REFUSED_ARCHITECTURES:
-            raise ValueError(f"architecture {arch} is not supported: {REFUSED_ARCHITECTURES[arch]}")
+    check_architectures(hf, MODEL_TYPES, REFUSED_ARCHITECTURES)
     act = _field(hf, "hidden_act", "gelu")
     if act != "gelu":
         raise ValueError(f"hidden_act={act!r} is not supported: attn_vision's Swin MLP is 'gelu'")
