@@ -130,6 +130,10 @@ def test_configs_read_from_config_json(folders):
     assert type(attn_vision.create_model(folders["dinov2_classifier"][1])) is Dinov2LinearClassifier
     vit = attn_vision.create_model(folders["vit_model"][1])
     assert (vit.config.norm_eps, vit.config.representation_size, vit.num_classes) == (1e-12, 24, 0)
+    linear = attn_vision.create_model(folders["dinov2_classifier"][1])
+    for model, width in ((vit, 24), (linear, 64)):
+        model.reset_classifier(7)  # (fine-tuning) a head over the pooler / [CLS] + patch mean
+        assert (model.head.in_features, model(torch.randn(1, 3, 42, 42)).shape) == (width, (1, 7))
     assert attn_vision.create_model(folders["vit_classifier"][1]).config.act == "gelu_tanh"
     giant = attn_vision.create_model(folders["dinov2_giant"][1]).config
     # transformers: 2/3 of 4 x 32 = 85, rounded up to a multiple of 8
