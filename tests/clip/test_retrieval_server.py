@@ -1,0 +1,394 @@
+"""attn_clip.retrieval.server (clip-retrieval's ``clip back`` API) over real HTTP on 127.0.0.1:
+answers equal to RetrievalIndex's search (text, base64 image, embedding), the request body
+clip-retrieval's ClipClient sends, clip back's deduplicate and num_result_ids, /metadata,
+/indices-list, /health; bad input as 4xx JSON errors (bad base64, oversize bodies with and
+without Content-Length, ...); files outside the indexed folder never read; hot reload when an
+update switches generations (the writer's lock held or not, a broken manifest kept out);
+4 concurrent clients on a 10,000-vector index; and attn_clip.retrieval.export's
+clip-retrieval layout."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import threading
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from _support.retrieval import GALLERY, make_gallery, rel_name, render
+from attn_clip.retrieval import (
+    EmbeddingIndex,
+    IndexModel,
+    Manifest,
+    RetrievalIndex,
+    index_lock,
+    load_index_set,
+    save_index_set,
+)
+from attn_clip.retrieval.export import export_embeddings, file_below
+from attn_clip.retrieval.server import BackgroundServer, make_app
+
+SECRET = "the secret outside the indexed folder"
+BIG = 10_000  # vectors of the synthetic index
+
+
+def b64(path: Path) -> str:
+    return base64.b64encode(path.read_bytes()).decode("ascii")
+
+
+def index_folder(folder: Path, base: Path, model: IndexModel) -> RetrievalIndex:
+    index = RetrievalIndex.create(base, model)
+    index.update(folder, progress=False, workers=0)
+    return index
+
+
+@pytest.fixture(scope="module")
+def model() -> IndexModel:
+    return IndexModel.load("demo-shapes", "shapes", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, model):
+    """(folder, its index, a 10,000-vector index) and a server of both with images=True.
+    The folder: the 10 shapes, a copy of one (a duplicate for deduplicate), a caption; after
+    indexing, one image and one caption become symlinks to files outside the folder."""
+    tmp = tmp_path_factory.mktemp("served")
+    folder = make_gallery(tmp / "gallery")
+    red = folder / rel_name(*GALLERY[0])
+    shutil.copy(red, red.with_name("red_circle_copy.png"))
+    red.with_suffix(".txt").write_text("a red circle\n")
+    index = index_folder(folder, tmp / "g.idx", model)
+    (tmp / "secret.txt").write_text(SECRET)
+    render("green", "circle").save(tmp / "secret.png")
+    star = folder / rel_name(*GALLERY[7])
+    star.with_suffix(".txt").symlink_to(tmp / "secret.txt")  # a caption outside
+    cross = folder / rel_name(*GALLERY[9])
+    cross.unlink()
+    cross.symlink_to(tmp / "secret.png")  # an indexed image replaced by a link out
+
+    torch.manual_seed(0)
+    big = EmbeddingIndex(index.embeddings.dim)
+    ids = [f"synthetic/{i:05d}.png" for i in range(BIG)]
+    big.add(F.normalize(torch.randn(BIG, big.dim), dim=-1), ids)
+    info = {"size": 1, "mtime_ns": 0, "sha256": "0" * 64}
+    manifest = Manifest(index.manifest.model, str(folder), {i: info for i in ids})
+    save_index_set(tmp / "big.idx", big, manifest)
+
+    app = make_app({"g": tmp / "g.idx", "big": tmp / "big.idx"}, model=model, images=True)
+    with BackgroundServer(app) as server:
+        yield folder, RetrievalIndex.open(tmp / "g.idx", model), tmp / "big.idx", server
+
+
+@pytest.fixture
+def client(built):
+    with httpx.Client(base_url=built[3].url, timeout=60) as c:
+        yield c
+
+
+def knn(client: httpx.Client, **body) -> list[dict]:
+    r = client.post("/knn-service", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def error(response: httpx.Response, status: int, *needles: str) -> str:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/json"
+    message = response.json()["error"]
+    for needle in needles:
+        assert needle in message, message
+    return message
+
+
+def same_hits(results: list[dict], hits) -> None:
+    assert [r["image_path"] for r in results] == [str(h.path) for h in hits]
+    got = torch.tensor([r["similarity"] for r in results])
+    torch.testing.assert_close(got, torch.tensor([h.score for h in hits]), rtol=0, atol=1e-6)
+
+
+def test_answers_equal_the_library_search(built, client):
+    folder, index, _, _ = built
+    found = knn(client, text="a red circle", num_images=5, indice_name="g")
+    same_hits(found, index.search("a red circle", k=5))
+    red = folder / rel_name(*GALLERY[0])
+    (answer,) = [r for r in found if r["image_path"] == str(red)]
+    assert answer["caption"] == "a red circle"  # the .txt beside it; images=True: the file
+    assert base64.b64decode(answer["image"]) == red.read_bytes()
+    assert all("caption" not in r for r in found if r is not answer)
+    assert [r["id"] for r in found] == [
+        index.embeddings.ids.index(r["image_path"][len(str(folder)) + 1 :]) for r in found
+    ]  # noqa: E501
+    query = folder / rel_name(*GALLERY[3])
+    same_hits(
+        knn(client, image=b64(query), num_images=4), index.search(query, k=4)
+    )  # default index: g
+    text = b64(query)  # as a data: URL with MIME line breaks: the same image
+    data_url = "data:image/png;base64," + "\n".join(
+        text[i : i + 76] for i in range(0, len(text), 76)
+    )  # noqa: E501
+    assert knn(client, image=data_url, num_images=4) == knn(client, image=text, num_images=4)
+    vector = torch.randn(index.embeddings.dim)
+    found = knn(client, embedding_input=vector.tolist(), num_images=3)
+    expected = index.embeddings.search(vector, k=3)
+    assert [r["id"] for r in found] == expected.indices[0].tolist()
+    torch.testing.assert_close(torch.tensor([r["similarity"] for r in found]), expected.scores[0])
+
+
+def test_the_body_clip_retrieval_client_sends(built, client):
+    """ClipClient.query (clip_retrieval/clip_client.py, 2.45.0) posts json.dumps of every key,
+    unset ones as null, with no Content-Type; clip back answers a list, best first, of
+    {metadata columns..., "id", "similarity"}."""
+    folder, index, _, _ = built
+
+    def clip_client(text=None, image=None, embedding_input=None) -> httpx.Response:
+        body = {"text": text, "image": image, "image_url": None, "embedding_input": embedding_input,
+                "deduplicate": True, "use_safety_model": True, "use_violence_detector": True,
+                "indice_name": "g", "use_mclip": False, "aesthetic_score": 9,
+                "aesthetic_weight": 0.5, "modality": "image", "num_images": 40,
+                "num_result_ids": 40}  # fmt: skip
+        return client.post("/knn-service", content=json.dumps(body))
+
+    r = clip_client(text="a red circle")
+    assert r.status_code == 200, r.text
+    ignored = r.headers["x-ignored-options"].split(", ")
+    assert ignored == [
+        "use_safety_model",
+        "use_violence_detector",
+        "aesthetic_score",
+        "aesthetic_weight",
+    ]  # noqa: E501
+    found = r.json()
+    ranked = index.search("a red circle", k=len(index))
+    rows = [index.embeddings.ids.index(h.id) for h in ranked]
+    drop = clip_back_duplicates(index.embeddings.embeddings[rows].numpy())
+    assert [x["id"] for x in found] == [r for i, r in enumerate(rows) if i not in drop]
+    paths = [x["image_path"] for x in found]
+    assert len(paths) < len(index) and str(folder / "circles/red_circle_copy.png") not in paths
+    for x in found:
+        assert isinstance(x["id"], int) and isinstance(x["similarity"], float)
+    query = folder / rel_name(*GALLERY[5])
+    assert clip_client(image=b64(query)).json()[0]["image_path"] == str(query)
+    assert clip_client(embedding_input=index.embeddings.embeddings[4].tolist()).json()[0]["id"] == 4  # noqa: E501
+
+
+def clip_back_duplicates(emb: np.ndarray, threshold: float = 0.94) -> set[int]:
+    """clip back's get_non_uniques (faiss range_search -> numpy): connected components of
+    cosine > threshold, all but each component's first node."""
+    neighbours = {
+        i: set(np.nonzero(emb[i] @ emb.T > threshold)[0].tolist()) for i in range(len(emb))
+    }  # noqa: E501
+    seen, drop = set(), set()
+    for node in neighbours:
+        if node in seen:
+            continue
+        todo, component = {node}, []
+        while todo:
+            n = todo.pop()
+            seen.add(n)
+            todo |= neighbours[n] - seen
+            component.append(n)
+        drop |= set(component[1:])
+    return drop
+
+
+def test_deduplicate_and_num_result_ids_as_clip_back(built, client):
+    _, index, _, _ = built
+    for q in ("a red circle", "a blue square"):
+        plain = knn(client, text=q, num_images=3, num_result_ids=11)
+        assert [("image_path" in r) for r in plain] == [True] * 3 + [False] * 8
+        assert all(set(r) == {"id", "similarity"} for r in plain[3:])
+        rows = [r["id"] for r in plain]
+        drop = clip_back_duplicates(index.embeddings.embeddings[rows].numpy())
+        assert drop  # the copy, and the red circles of this tiny model are alike
+        deduped = knn(client, text=q, num_images=3, num_result_ids=11, deduplicate=True)
+        assert [r["id"] for r in deduped] == [r for i, r in enumerate(rows) if i not in drop]
+
+
+def test_metadata_indices_list_and_health(built, client):
+    folder, index, _, _ = built
+    assert client.get("/indices-list").json() == ["g", "big"]
+    assert client.get("/health").json() == "ok"
+    meta = client.post("/metadata", json={"ids": [0, 2], "indice_name": "g"}).json()
+    assert [m["id"] for m in meta] == [0, 2]
+    assert meta[1]["metadata"]["image_path"] == str(folder / index.embeddings.ids[2])
+    big = client.post("/metadata", json={"ids": [BIG - 1], "indice_name": "big"}).json()
+    assert big == [
+        {"id": BIG - 1, "metadata": {"image_path": str(folder / f"synthetic/{BIG - 1:05d}.png")}}
+    ]  # noqa: E501
+
+
+def test_files_outside_the_folder_are_never_read(built, client):
+    folder, index, _, _ = built
+    found = knn(client, text="a purple cross", num_images=len(index))
+    by_path = {r["image_path"]: r for r in found}
+    cross = by_path[str(folder / rel_name(*GALLERY[9]))]  # a symlink out of the folder now
+    assert "image" not in cross and "caption" not in cross
+    star = by_path[str(folder / rel_name(*GALLERY[7]))]  # its caption is a link out
+    assert "caption" not in star and "image" in star
+    assert SECRET not in json.dumps(found)
+    meta = client.post("/metadata", json={"ids": list(range(len(index)))}).json()
+    assert SECRET not in json.dumps(meta)
+    assert file_below(folder.resolve(), folder / ".." / "secret.txt") is None
+    assert file_below(folder.resolve(), folder / rel_name(*GALLERY[0])) is not None
+
+
+def test_bad_input_is_a_4xx_json_error(built, client):
+    def post(body, **kw):
+        return client.post("/knn-service", json=body, **kw)
+
+    error(post({"image": "not base64!"}), 400, "image is not valid base64")
+    error(post({"image": "data:image/png,abc"}), 400, "base64")
+    error(post({"image": base64.b64encode(b"no image here").decode()}), 400, "not an image")
+    error(post({"image_url": "http://example.com/a.jpg"}), 400, "does not fetch URLs")
+    error(post({}), 400, "nothing to search for")
+    error(post([1, 2]), 400, "JSON object")
+    error(client.post("/knn-service", content=b"{not json"), 400, "not JSON")
+    error(post({"text": "x", "modality": "text"}), 400, "image embeddings only")
+    error(post({"text": "x", "num_images": 0}), 400, "num_images must be between 1")
+    error(post({"text": "x", "num_images": "5"}), 400, "num_images must be an integer")
+    error(post({"text": "x", "deduplicate": "yes"}), 400, "deduplicate must be true or false")
+    error(post({"text": "x", "use_mclip": True}), 400, "M-CLIP")
+    error(
+        post({"text": "x", "indice_name": "nope"}),
+        404,
+        "unknown indice_name 'nope'",
+        "['g', 'big']",
+    )  # noqa: E501
+    error(post({"embedding_input": [1.0, 2.0]}), 400, "has 2 values", "64")
+    error(post({"embedding_input": [0.0] * 64}), 400, "all zeros")
+    error(post({"embedding_input": ["a"]}), 400, "list of numbers")
+    error(client.post("/metadata", json={"ids": [10**6]}), 400, "rows of the index")
+    error(client.get("/nowhere"), 404, "GET /nowhere")
+    error(client.get("/knn-service"), 405)
+    big = b'{"image": "' + b"A" * (33 << 20) + b'"}'
+    error(client.post("/knn-service", content=big), 413, "larger than")
+
+    def chunks():  # no Content-Length: counted as it arrives
+        for _ in range(40):
+            yield b"A" * (1 << 20)
+
+    error(client.post("/knn-service", content=chunks()), 413, "larger than")
+    assert client.get("/health").json() == "ok"  # still serving
+
+
+def test_hot_reload_when_an_update_switches_generations(tmp_path, model):
+    folder = make_gallery(tmp_path / "gallery", GALLERY[:4])
+    base = tmp_path / "h.idx"
+    index_folder(folder, base, model)
+    app = make_app(base, model=model, reload_interval=0)
+    with BackgroundServer(app) as server, httpx.Client(base_url=server.url) as client:
+        r = client.post("/knn-service", json={"text": "a yellow star"})
+        assert r.headers["x-index-generation"] == "1" and len(r.json()) == 4
+        with index_lock(base):  # a writer holds the lock: readers go on
+            assert client.post("/knn-service", json={"text": "a yellow star"}).status_code == 200
+        star = folder / rel_name(*GALLERY[7])
+        star.parent.mkdir()
+        render(*GALLERY[7]).save(star)
+        RetrievalIndex.open(base, model).update(folder, progress=False, workers=0)
+        r = client.post("/knn-service", json={"text": "a yellow star"})
+        assert r.headers["x-index-generation"] == "2"
+        same_hits(r.json(), RetrievalIndex.open(base, model).search("a yellow star", k=5))
+        Path(f"{base}.manifest.json").write_text("{broken")  # a bad generation is not served
+        r = client.post("/knn-service", json={"text": "a yellow star"})
+        assert r.status_code == 200 and r.headers["x-index-generation"] == "2"
+
+
+def test_four_concurrent_clients_on_10000_vectors(built):
+    """4 clients x 30 mixed text / image / embedding queries at once: no error, each answer
+    that of the library's search."""
+    folder, index, big_base, server = built
+    _, big = load_index_set(big_base)
+    torch.manual_seed(1)
+    images = [folder / rel_name(*g) for g in GALLERY[:6]]
+    queries = []
+    for i in range(120):
+        kind = ("text", "image", "embedding_input")[i % 3]
+        q = (f"a {GALLERY[i % 10][0]} {GALLERY[i % 10][1]}", images[i % 6], torch.randn(big.dim))[
+            i % 3
+        ]  # noqa: E501
+        queries.append((kind, q))
+    embedded = index.embed_queries([q for kind, q in queries if kind != "embedding_input"])
+    vectors = iter(embedded)
+    expected = [
+        big.search(next(vectors) if kind != "embedding_input" else q, k=7) for kind, q in queries
+    ]  # noqa: E501
+    answers, errors = [None] * len(queries), []
+
+    def client_thread(offset: int) -> None:
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            for i in range(offset, len(queries), 4):
+                kind, q = queries[i]
+                value = (
+                    b64(q) if kind == "image" else q.tolist() if kind == "embedding_input" else q
+                )  # noqa: E501
+                try:
+                    r = client.post(
+                        "/knn-service", json={kind: value, "num_images": 7, "indice_name": "big"}
+                    )  # noqa: E501
+                    r.raise_for_status()
+                    answers[i] = r.json()
+                except Exception as e:  # noqa: BLE001  (counted, then reported)
+                    errors.append(repr(e))
+
+    threads = [threading.Thread(target=client_thread, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and all(a is not None for a in answers), errors[:3]
+    for got, want in zip(answers, expected, strict=True):
+        assert [r["id"] for r in got] == want.indices[0].tolist()
+        torch.testing.assert_close(
+            torch.tensor([r["similarity"] for r in got]), want.scores[0], rtol=0, atol=1e-5
+        )  # noqa: E501
+
+
+def test_export_writes_clip_retrievals_layout(built, tmp_path):
+    import pyarrow.parquet as pq
+
+    folder, index, big_base, _ = built
+    out = tmp_path / "emb"
+    result = export_embeddings(index.base, out, rows_per_file=4)
+    assert (result.rows, result.files, result.dim) == (len(index), 3, 64)
+    assert sorted(p.name for p in (out / "img_emb").iterdir()) == [
+        f"img_emb_{n}.npy" for n in range(3)
+    ]  # noqa: E501
+    matrix = np.concatenate([np.load(out / "img_emb" / f"img_emb_{n}.npy") for n in range(3)])
+    assert matrix.dtype == np.float32
+    np.testing.assert_array_equal(matrix, index.embeddings.embeddings.numpy())
+    meta = [pq.read_table(out / "metadata" / f"metadata_{n}.parquet").to_pylist() for n in range(3)]
+    rows = [row for part in meta for row in part]
+    assert [r["key"] for r in rows] == index.embeddings.ids
+    assert [r["image_path"] for r in rows] == [str(folder / i) for i in index.embeddings.ids]
+    captions = {r["key"]: r["caption"] for r in rows if r["caption"] is not None}
+    assert captions == {rel_name(*GALLERY[0]): "a red circle"}  # (not the link out)
+    assert oct(out.stat().st_mode & 0o777) == oct(0o777 & ~_umask())
+
+    export_embeddings(big_base, out, rows_per_file=1000, dtype="float16")  # replaces it
+    names = sorted(p.name for p in (out / "img_emb").iterdir())
+    assert names == [f"img_emb_{n:02d}.npy" for n in range(10)]  # zero-padded like clip-retrieval
+    assert np.load(out / "img_emb" / "img_emb_09.npy").dtype == np.float16
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["emb"]  # no temporary folder left
+
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.md").write_text("mine")
+    with pytest.raises(ValueError, match="holds other files"):
+        export_embeddings(index.base, tmp_path / "other")
+    with pytest.raises(ValueError, match="does not exist"):
+        export_embeddings(index.base, tmp_path / "no" / "emb")
+    with pytest.raises(ValueError, match="no index"):
+        export_embeddings(tmp_path / "none.idx", tmp_path / "new")
+    assert not (tmp_path / "new").exists()
+
+
+def _umask() -> int:
+    import os
+
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
