@@ -255,6 +255,9 @@ def test_coverage_command(capsys):
     assert out.strip() == coverage_report()
     assert "loads   dinov2_with_registers: Dinov2WithRegistersModel" in out
     assert "refused DeiTForImageClassification: one head on [CLS]" in out
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "vision.md").read_text()
+    for line in out.splitlines():  # docs/vision.md shows the command's output
+        assert line in docs, f"docs/vision.md does not show the coverage line {line!r}"
 
 
 def test_hf_hub_sharded_from_the_cache(folders, tmp_path, fake_hub_cache):
