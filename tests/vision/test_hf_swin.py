@@ -45,7 +45,7 @@ def _load(folder: Path) -> tuple[SwinTransformer, dict, dict[str, torch.Tensor]]
     family, config = config_from_hf(hf, sd.keys())
     assert family == "swin"
     model = SwinTransformer(config, weight_init=False)
-    model.load_state_dict(convert_hf(sd, hf, config))
+    model.load_state_dict(convert_hf(sd, hf))
     return model.eval(), hf, sd
 
 
@@ -77,7 +77,7 @@ def test_bare_model_without_qkv_bias_and_in_memory_names(tmp_path, randomize):
     assert any(".attention.q_proj." in k for k in memory)
     _, config = config_from_hf(hf, memory.keys())
     again = SwinTransformer(config, weight_init=False)
-    again.load_state_dict(convert_hf(memory, hf, config))
+    again.load_state_dict(convert_hf(memory, hf))
     torch.testing.assert_close(again.eval()(x), ref(x).pooler_output, **TOL)
 
 
@@ -106,11 +106,11 @@ def test_strict_missing_unexpected_and_partial_qkv(tmp_path, randomize):
     del broken["swin.encoder.layers.0.downsample.norm.weight"]
     broken["swin.encoder.layers.2.downsample.norm.weight"] = torch.ones(64)
     with pytest.raises(CheckpointError, match=r"layers\.1\.downsample\.norm\.weight") as err:
-        convert_hf(broken, hf, config)
+        convert_hf(broken, hf)
     assert "unexpected keys (1): layers.3.downsample.norm.weight" in str(err.value)
     del sd["swin.encoder.layers.1.blocks.0.attention.self.key.bias"]
     with pytest.raises(CheckpointError, match=r"layers\.1\.blocks\.0 has no attention k bias"):
-        convert_hf(sd, hf, config)
+        convert_hf(sd, hf)
 
 
 @pytest.mark.parametrize(

@@ -145,15 +145,12 @@ def config_from_hf(hf: Mapping[str, Any], state_dict_keys: Collection[str]) -> t
 
 
 def convert_hf(
-    state_dict: Mapping[str, torch.Tensor],
-    hf: Mapping[str, Any],
-    config: ViTConfig | None = None,
+    state_dict: Mapping[str, torch.Tensor], hf: Mapping[str, Any]
 ) -> dict[str, torch.Tensor]:
-    """A transformers BEiT state dict -> ours for ``config`` (default: the ``config.json``'s,
-    :func:`config_from_hf`). Strict: a :class:`~attn_core.hub.CheckpointError` lists every
-    missing, unexpected or mis-shaped key."""
-    if config is None:
-        config = config_from_hf(hf, state_dict.keys())[1]
+    """A transformers BEiT state dict (``config.json`` ``hf``) -> ours for the model
+    :func:`config_from_hf` builds (strict: a :class:`~attn_core.hub.CheckpointError` lists
+    every missing, unexpected or mis-shaped key)."""
+    config = config_from_hf(hf, state_dict.keys())[1]
     sd: dict[str, torch.Tensor] = {}
     qkv: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
     tables: dict[int, torch.Tensor] = {}
