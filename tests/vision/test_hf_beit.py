@@ -219,3 +219,30 @@ def test_create_model_folder_labels_and_save_pretrained_round_trip(tmp_path, ran
     torch.testing.assert_close(model(x), ref(x).logits, **TOL)
     back = attn_vision.create_model(attn_vision.save_pretrained(model, tmp_path / "ours")).eval()
     torch.testing.assert_close(back(x), model(x), atol=0.0, rtol=0.0)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        # microsoft/beit-base-patch16-224 (BeitConfig()'s widths)
+        dict(use_relative_position_bias=True, num_labels=1000),
+        # microsoft/beit-large-patch16-512
+        dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+             intermediate_size=4096, image_size=512, use_relative_position_bias=True,
+             num_labels=1000),
+    ],
+)  # fmt: skip
+def test_full_size_layouts_convert(fields):
+    """The hub's full-size layouts, on ``meta`` (shapes only): every key used, every
+    shape ours."""
+    config = transformers.BeitConfig(**fields)
+    with torch.device("meta"):
+        ref = transformers.BeitForImageClassification(config)
+    hf = config.to_dict()
+    _, ours = config_from_hf(hf, ref.state_dict().keys())
+    converted = convert_hf(ref.state_dict(), hf)
+    assert len(converted) == len(ref.state_dict()) - 3 * ours.depth  # 5 q/k/v tensors -> 2
+    grid = ours.grid_size
+    rows = (2 * grid[0] - 1) * (2 * grid[1] - 1) + 3
+    table = converted[f"blocks.{ours.depth - 1}.attn.rel_pos.relative_position_bias_table"]
+    assert table.shape == (rows, ours.num_heads)

@@ -156,3 +156,24 @@ def test_create_model_folder_labels_and_save_pretrained_round_trip(tmp_path, ran
     torch.testing.assert_close(model(x), ref(x).logits, **TOL)
     back = attn_vision.create_model(attn_vision.save_pretrained(model, tmp_path / "ours")).eval()
     torch.testing.assert_close(back(x), model(x), atol=0.0, rtol=0.0)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},  # SwinConfig()'s defaults: microsoft/swin-tiny-patch4-window7-224
+        dict(image_size=384, embed_dim=128, depths=[2, 2, 18, 2], num_heads=[4, 8, 16, 32],
+             window_size=12, num_labels=21841),  # microsoft/swin-base-patch4-window12-384-in22k
+    ],
+)  # fmt: skip
+def test_full_size_layouts_convert(fields):
+    """The hub's full-size layouts, on ``meta`` (shapes only): every key used, every
+    shape ours."""
+    config = transformers.SwinConfig(**fields)
+    with torch.device("meta"):
+        ref = transformers.SwinForImageClassification(config)
+    hf = config.to_dict()
+    _, ours = config_from_hf(hf, ref.state_dict().keys())
+    converted = convert_hf(ref.state_dict(), hf)
+    assert len(converted) == len(ref.state_dict()) - 2 * sum(ours.depths) * 2  # q/k/v fused
+    assert converted["head.weight"].shape == (config.num_labels, ours.stage_dims[-1])
