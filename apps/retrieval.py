@@ -280,6 +280,101 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- serve and export (attn_clip.retrieval.server / .export) -------------------------------
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Serve the indexes over clip-retrieval's clip back API until Ctrl-C (exit 130)."""
+    from attn_clip.retrieval.server import serve
+
+    if not 0 <= args.port <= 65535 or args.max_body_mb <= 0 or args.reload_interval < 0:
+        raise InputError("--port must be 0-65535, --max-body-mb > 0, --reload-interval >= 0")
+    if args.threads is not None and args.threads < 1 or args.nprobe is not None and args.nprobe < 1:
+        raise InputError("--threads and --nprobe must be >= 1")
+    indexes = {}
+    for path in map(index_base, args.index):
+        name = path.name.removesuffix(".idx")
+        if name in indexes:
+            raise InputError(f"two indexes named {name!r}: the names clients ask for must differ")
+        try:
+            indexes[name] = (path, Manifest.read(path))  # (before torch loads)
+        except IndexNotFoundError as e:
+            raise InputError(f"{e}; build it with: index DIR --out") from None
+    path, manifest = next(iter(indexes.values()))
+    check_requested_model(args, manifest.model, path)
+    model = load_recorded(args, manifest.model)  # (indexes of other models build their own)
+    serve({name: p for name, (p, _) in indexes.items()}, args.host, args.port,
+          threads=args.threads, model=model, device=args.device, precision=args.precision,
+          images=args.images, exact=args.exact, nprobe=args.nprobe,
+          max_body_bytes=int(args.max_body_mb * (1 << 20)),
+          reload_interval=args.reload_interval)  # fmt: skip
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    if args.rows_per_file < 1:
+        raise InputError(f"--rows-per-file must be >= 1, got {args.rows_per_file}")
+    return export(args, args.index, args.out, args.rows_per_file, args.dtype)
+
+
+def export(args: argparse.Namespace, index: str, out: str, rows: int, dtype: str) -> int:
+    from attn_clip.retrieval.export import export_embeddings
+
+    try:
+        result = export_embeddings(index_base(index), out, rows_per_file=rows, dtype=dtype)
+    except IndexNotFoundError as e:
+        raise InputError(f"{e}; build it with: index DIR --out") from None
+    print(json.dumps({"export": str(result.folder), "rows": result.rows, "files": result.files})
+          if args.json else result.describe())  # fmt: skip
+    return 0
+
+
+def cmd_index_and_export(args: argparse.Namespace) -> int:
+    """``index``, then ``--export-embeddings DIR`` (checked before any work)."""
+    if args.export_embeddings is None:
+        return cmd_index(args)
+    from attn_clip.retrieval.export import check_export_folder
+
+    check_export_folder(args.export_embeddings)
+    code = cmd_index(args)
+    if code == 0 and torchrun_rank() in (None, 0):
+        return export(args, args.out, args.export_embeddings, 1_000_000, "float32")
+    return code
+
+
+def add_serve_commands(sub, ix: argparse.ArgumentParser, model: argparse.ArgumentParser) -> None:
+    fmt = {"formatter_class": HelpFormatter}
+    # fmt: off
+    ix.add_argument("--export-embeddings", metavar="DIR",
+                    help="then write clip-retrieval's img_emb/ + metadata/ layout to DIR")
+    sv = sub.add_parser("serve", parents=[model], help="serve indexes over clip-retrieval's "
+                        "HTTP API (/knn-service)", **fmt)
+    sv.add_argument("index", nargs="+", metavar="INDEX",
+                    help="the index(es); clients name one by its file name without .idx")
+    sv.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    sv.add_argument("--port", type=int, default=1234, help="port (0: a free one, printed)")
+    sv.add_argument("--images", action="store_true",
+                    help="add each result's image file, base64, as clip back does")
+    sv.add_argument("--exact", action="store_true", help="exact search with an approximate index")
+    sv.add_argument("--nprobe", type=int, metavar="N", help="approximate index: lists to scan")
+    sv.add_argument("--max-body-mb", type=float, default=32, metavar="MB",
+                    help="larger request bodies get a 413")
+    sv.add_argument("--reload-interval", type=float, default=1.0, metavar="S",
+                    help="how often to check for a new generation of the index (index --update)")
+    sv.add_argument("--threads", type=int, help="torch threads per query (default: torch's)")
+    ex = sub.add_parser("export", help="write an index's embeddings in clip-retrieval's layout",
+                        **fmt)
+    ex.add_argument("index", metavar="INDEX", help="the index (its --out path)")
+    ex.add_argument("--out", required=True, metavar="DIR", help="folder to write (replaced)")
+    ex.add_argument("--dtype", choices=("float32", "float16"), default="float32",
+                    help="float16: as clip-retrieval's inference writes")
+    ex.add_argument("--rows-per-file", type=int, default=1_000_000, metavar="N",
+                    help="embeddings per img_emb_N.npy / metadata_N.parquet")
+    ex.add_argument("--json", action="store_true", help="machine-readable output")
+    ex.set_defaults(batch_size=1, workers=0)  # (main checks them for every command)
+    # fmt: on
+
+
 # -- command line --------------------------------------------------------------------------
 
 
@@ -348,6 +443,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ev.add_argument("--sep", help="CSV separator (default: tab if the header has one, else ,)")
     ev.add_argument("--index", help="reuse this index's embeddings and model")
     ev.add_argument("--language", metavar="CODE", help=LANGUAGE_HELP + " (the captions)")
+    add_serve_commands(sub, ix, model)
     return p.parse_args(argv)
 
 
@@ -356,10 +452,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.list_models:
         return list_models_and_exit()
     if args.command is None:
-        return fail("a command is needed: index, search or eval (see --help)")
+        return fail("a command is needed: index, search, eval, serve or export (see --help)")
     if args.batch_size < 1 or args.workers < 0:
         return fail("--batch-size must be >= 1 and --workers >= 0")
-    commands = {"index": cmd_index, "search": cmd_search, "eval": cmd_eval}
+    commands = {"index": cmd_index_and_export, "search": cmd_search, "eval": cmd_eval,
+                "serve": cmd_serve, "export": cmd_export}  # fmt: skip
     try:
         check_args(args)
         return commands[args.command](args)
