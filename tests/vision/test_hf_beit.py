@@ -246,3 +246,16 @@ def test_full_size_layouts_convert(fields):
     rows = (2 * grid[0] - 1) * (2 * grid[1] - 1) + 3
     table = converted[f"blocks.{ours.depth - 1}.attn.rel_pos.relative_position_bias_table"]
     assert table.shape == (rows, ours.num_heads)
+
+
+def test_zero_key_bias_gets_no_gradient(tmp_path, randomize):
+    """The fused qkv's key bias (BEiT has none) adds a constant to each row of scores:
+    its gradient is zero, so fine-tuning leaves it at zero."""
+    _, folder = _folder(tmp_path, randomize, "BeitForImageClassification", **ALL_ON)
+    ours, _ = _load(folder)
+    ours(torch.randn(2, 3, 32, 32)).square().sum().backward()
+    D = ours.config.embed_dim
+    for blk in ours.blocks:
+        grad = blk.attn.qkv.bias.grad
+        q, k, v = (grad[i * D : (i + 1) * D].abs().max().item() for i in range(3))
+        assert k < 1e-4 * min(q, v), (q, k, v)

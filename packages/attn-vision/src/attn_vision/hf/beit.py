@@ -5,7 +5,9 @@ Reads the ``config.json`` + weights that ``save_pretrained`` writes for ``BeitMo
 ``Data2VecVisionModel`` / ``...ForImageClassification`` (``"data2vec-vision"``). BEiT is a
 ViT with, per block, a query and a value bias but no key bias (fused into ``qkv`` with a
 zero key bias), layer scale (``lambda_1`` / ``lambda_2``) and a learned relative position
-bias (:class:`~attn_vision.rel_pos.BeitRelPosBias`, ``rel_pos="beit"``). The layouts,
+bias (:class:`~attn_vision.rel_pos.BeitRelPosBias`, ``rel_pos="beit"``). (A key bias
+adds the same ``q . b`` to every score of a query's row: softmax ignores it and its
+gradient is zero, so the zero key bias stays zero in fine-tuning too.) The layouts,
 transformers' names on the left (the bare ``*Model``'s, with or without the prefix
 ``beit.`` / ``data2vec_vision.``; the names shared with ViT are read by
 :mod:`attn_vision.hf.vit`)::
