@@ -15,7 +15,17 @@ same weights.
   8, with ``min_length=0`` and no end-of-text so both sides run every step; the ``check``
   column says whether the tokens are the same. ``ours, use_cache=False`` (batch 1) re-runs the
   whole prefix every step as open_clip does, with the cross-attention keys / values still
-  computed once.
+  computed once. ``weights alone (a bound)`` (batch 1 and 8) is no decoding at all: the image
+  tower, then per step only the products whose weights a cached step must read (every text
+  and decoder block's, the cross-attention queries' and the vocabulary projection, on that
+  many rows: MKL's ``F.linear`` for the blocks, oneDNN's packed product for the projection,
+  the faster of the two for each at one row). One step of one caption streams ~530 MB of
+  fp32 weights; on a memory-bound CPU no exact decoder can be faster than this row, so
+  ``open_clip / bound`` is the most any fp32 decoder can reach there.
+* The batch-1 step split: ``generate`` with forward hooks that stamp the clock where a step
+  enters the text tower's blocks, the decoder, its final norm and leaves the decoder: the text
+  tower's cached step, the decoder's blocks (cached self-attention, cross-attention over the
+  precomputed keys / values, MLPs) and the vocabulary projection, per step.
 * Beam search, 6 beams, batch 1 and 2 (``--quick``: 1): ours' whole ``generate``, its image
   tower alone (what it runs, once per image: counted with a forward hook) and the decoding
   (the difference); and as the reference row the image tower on 6 copies of each image, the
@@ -31,7 +41,9 @@ import json
 import re
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +148,8 @@ def bench_caption(args: argparse.Namespace, report: Report) -> None:
     for batch in (1, 8):
         images = torch.randn(batch, 3, size, size, generator=g)
         _greedy(args, report, ours, ref, images, name, cpu)
+        if batch == 1:
+            _step_split(args, report, ours, images, name)
     for batch in (1,) if args.quick else (1, 2):
         images = torch.randn(batch, 3, size, size, generator=g)
         _beam_search(args, report, ours, ref, images, name, cpu)
@@ -163,6 +177,10 @@ def _greedy(
     same = {k: torch.equal(v, outs["open_clip forward loop"]) for k, v in outs.items()}
     checks = {k: "same tokens" if ok else "TOKENS DIFFER" for k, ok in same.items()}
     checks["open_clip forward loop"] = f"reference, {tuple(outs['ours'].shape)} ids"
+    bound = "weights alone (a bound)"
+    fns[bound] = partial(weights_alone, ours, images)
+    fns[bound]()  # (its warm-up: the projection's weights packed)
+    checks[bound] = "no tokens: the tower + each step's products"
     t = time_interleaved(fns, args.caption_repeats, warmup=0)
     mem = {"ours": peak_memory_mb(fns["ours"])} if args.memory else {}
     rows = report.add_case(
@@ -171,13 +189,80 @@ def _greedy(
         note=f"{t['ours'].median / STEPS * 1e3:.1f} ms per step, ours",
     )  # fmt: skip
     ratio = rows["open_clip forward loop"].ref_over_ours
+    most = t["open_clip forward loop"].median / t[bound].median
     report.goal(
         f"greedy captions batch {batch}, {name}",
         ">= 5x open_clip's forward loop, same tokens",
         f"{ratio:.2f}x, {'same' if all(same.values()) else 'DIFFERENT'} tokens ({cpu}, "
-        f"{torch.get_num_threads()} threads)",
+        f"{torch.get_num_threads()} threads; the weights alone: {most:.2f}x)",
         ratio >= 5 and all(same.values()),
     )
+
+
+def weights_alone(model: Any, images: torch.Tensor, steps: int = STEPS) -> None:
+    """The image tower, then ``steps`` times only the products a cached greedy step must
+    read the weights of, on one row per image (a lower bound on a memory-bound CPU)."""
+    import torch.nn.functional as F
+    from attn_core.fast_inference import linear_act
+
+    dec = model.text_decoder
+    linears = []  # (weight, bias) of one step's products, in the order a step runs them
+    for blk in [*model.text.blocks, *dec.blocks]:
+        linears += [blk.attn.qkv, blk.attn.proj, blk.mlp.fc1, blk.mlp.fc2]
+    width = dec.config.width
+    for blk in dec.cross_blocks:  # the query rows of its in-projection (keys / values: once)
+        q = (blk.attn.qkv.weight[:width], blk.attn.qkv.bias[:width])
+        linears += [q, blk.attn.proj, blk.mlp.fc1, blk.mlp.fc2]
+    linears = [lin if isinstance(lin, tuple) else (lin.weight, lin.bias) for lin in linears]
+    model.encode_image_tokens(images)
+    n = images.shape[0]
+    rows = {w.shape[1]: torch.randn(n, 1, w.shape[1]) for w, _ in linears}
+    for _ in range(steps):
+        for weight, bias in linears:
+            F.linear(rows[weight.shape[1]], weight, bias)
+        linear_act(dec.proj, rows[width], enabled=True)
+
+
+def _step_split(
+    args: argparse.Namespace, report: Report, ours: Any, images: torch.Tensor, name: str
+) -> None:
+    """Where a batch-1 greedy step goes: the text tower's cached step, the decoder's blocks,
+    the vocabulary projection (forward hooks stamp the clock), per step."""
+    marks: list[tuple[str, float]] = []
+
+    def stamp(label: str) -> Any:
+        return lambda *_: marks.append((label, time.perf_counter()))
+
+    dec = ours.text_decoder
+    hooks = [
+        ours.text.blocks[0].register_forward_pre_hook(stamp("text")),
+        dec.register_forward_pre_hook(stamp("decoder")),
+        dec.ln_final.register_forward_pre_hook(stamp("vocab")),
+        dec.register_forward_hook(stamp("end")),
+    ]
+    parts = ("text tower step", "decoder blocks", "vocabulary projection")
+    per_step: dict[str, list[float]] = {p: [] for p in parts}
+    greedy = dict(min_length=0, max_length=1 + STEPS, eos_token_id=None)
+    try:
+        for _ in range(args.caption_repeats):
+            marks.clear()
+            ours.generate(images, **greedy)
+            stamps = [t for _, t in marks]
+            labels = [label for label, _ in marks]
+            if labels != ["text", "decoder", "vocab", "end"] * STEPS:
+                raise RuntimeError(f"unexpected step hooks: {labels[:8]}")
+            for i, part in enumerate(parts):  # the spans text->decoder, ->vocab, ->end
+                spans = [stamps[j + i + 1] - stamps[j + i] for j in range(0, len(stamps), 4)]
+                per_step[part].append(sum(spans) / STEPS)
+    finally:
+        for h in hooks:
+            h.remove()
+    timings = {p: Timing(v) for p, v in per_step.items()}
+    total = sum(t.median for t in timings.values())
+    report.add_case(
+        f"{name} captions: greedy batch 1, one step split", "per step", timings, 1, "step",
+        ours="", checks={p: f"{t.median / total:.0%} of the three" for p, t in timings.items()},
+    )  # fmt: skip
 
 
 def _beam_search(

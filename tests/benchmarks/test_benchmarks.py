@@ -146,17 +146,24 @@ def test_caption_section_runs_ours_against_open_clips_loop(tmp_path):
     """--only caption --quick: a tiny CoCa (open_clip's, its weights loaded into ours);
     greedy at batch 1 and 8 gives open_clip's tokens, with and without the cache; beam
     search runs the image tower once per image, and its rows split generate into the tower
-    and the decoding."""
+    and the decoding; the weights-alone bound and the batch-1 step split come along."""
     result = run_json(tmp_path, "--only", "caption", *ONE)
-    greedy = [r for r in result["rows"] if "greedy" in r["section"]]
+    greedy = [r for r in result["rows"] if "greedy, 30 tokens" in r["section"]]
+    bound = "weights alone (a bound)"
     assert {(r["case"], r["impl"]) for r in greedy} == {
         ("batch 1", "ours"), ("batch 1", "open_clip forward loop"),
         ("batch 1", "ours, use_cache=False"), ("batch 8", "ours"),
-        ("batch 8", "open_clip forward loop"),
+        ("batch 8", "open_clip forward loop"), ("batch 1", bound), ("batch 8", bound),
     }  # fmt: skip
     for row in greedy:
-        assert row["check"] == "same tokens" or row["impl"] == "open_clip forward loop", row
+        decodes = row["impl"] not in ("open_clip forward loop", bound)
+        assert row["check"] == "same tokens" or not decodes, row
         assert row["unit"] == "token" and row["median_ms"] > 0
+    split = [r for r in result["rows"] if "one step split" in r["section"]]
+    assert [r["impl"] for r in split] == [
+        "text tower step", "decoder blocks", "vocabulary projection"
+    ]  # fmt: skip
+    assert all(r["median_ms"] > 0 and r["check"].endswith("of the three") for r in split)
     beams = {(r["case"], r["impl"]): r for r in result["rows"] if "beam" in r["section"]}
     assert "the tower saw 1 image(s)" in beams[("batch 1: generate", "ours")]["check"]
     total = beams[("batch 1: generate", "ours")]["median_ms"]
