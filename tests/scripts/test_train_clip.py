@@ -271,9 +271,14 @@ def test_coca_accumulation_gives_the_big_batch_losses(tc, data, tmp_path):
     assert big.keys() == acc.keys() == {1, 2}
     for k in big:
         assert big[k] == pytest.approx(acc[k], rel=1e-5)
+    # AdamW moves a weight whose gradient is ~0 by up to lr (3e-3) on the sign of rounding
+    # noise, which differs between the two summation orders (3.3e-4 seen on an AVX-512 EPYC):
+    # almost every weight agrees at 1e-5, and none is off by a wrong update's size.
     a, b = weights(tmp_path / "big" / "last"), weights(tmp_path / "acc" / "last")
+    off = sum(int(((a[k] - b[k]).abs() > 1e-5).sum()) for k in a)
+    assert off <= 1e-3 * sum(v.numel() for v in a.values()), off
     for k in a:
-        torch.testing.assert_close(a[k], b[k], atol=3e-4, rtol=0)
+        torch.testing.assert_close(a[k], b[k], atol=1.5e-3, rtol=0)
 
 
 @pytest.mark.parametrize(
