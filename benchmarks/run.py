@@ -27,7 +27,9 @@ ViT-B/32 captions, greedy at batch 1 and 8 against the plain loop over open_clip
 and 6-beam search with its image tower's share; 3 repeats, ``--repeats`` sets them; see
 caption.py); ``mobileclip`` (MobileCLIP-S2's image tower at 256 px, batch 1 and 8, ours
 folded against open_clip as shipped and after timm's ``reparameterize_model``, and its text
-tower; see mobileclip.py).
+tower; see mobileclip.py); ``server`` (the search server's p50 / p99 latency for text, image
+and embedding queries over HTTP against the same search in process, and 4 concurrent
+clients; ``--server-queries``; see retrieval_server.py).
 
 Method. Every section builds ours and the references in this one process with identical
 random weights (transformers' random ``CLIPModel`` -> ours through our converter -> open_clip
@@ -75,6 +77,7 @@ SECTIONS = {
     "engines-alone": "engines_alone.bench_engines_alone",
     "caption": "caption.bench_caption",
     "mobileclip": "mobileclip.bench_mobileclip",
+    "server": "retrieval_server.bench_server",
 }
 CLIP_SECTIONS = ("image", "text", "zeroshot", "compile")
 # compiling takes ~20 s; start-up runs fresh interpreters; the families section builds
@@ -82,9 +85,9 @@ CLIP_SECTIONS = ("image", "text", "zeroshot", "compile")
 # ONNX and calibrates int8 (~20 s even tiny); engines-alone starts a process per runtime;
 # caption builds open_clip's CoCa and ours and decodes ~10 s even tiny (--only caption --quick);
 # mobileclip builds open_clip's MobileCLIP-S2 and ours (--only mobileclip --quick: one block
-# per stage, 64 px)
+# per stage, 64 px); server starts a server and indexes shapes (--only server --quick)
 QUICK_SKIP = ("compile", "startup", "families", "engines", "engines-alone", "caption",
-              "mobileclip")  # fmt: skip
+              "mobileclip", "server")  # fmt: skip
 
 
 def section_function(name: str):
@@ -121,6 +124,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-memory", dest="memory", action="store_false", help="skip peak memory")
     p.add_argument("--ann-size", type=int, default=None, help="ann: vectors (1M; --quick 10k)")
     p.add_argument("--embed-images", type=int, default=None, help="embed: JPEGs (1000; quick 16)")
+    p.add_argument("--server-queries", type=int, default=None, help="server: per kind (200; 20)")
     p.add_argument(
         "--flex", action=argparse.BooleanOptionalAction, default=None,
         help="time compiled FlexAttention (compiles ~10 s; default: on, off with --quick)",

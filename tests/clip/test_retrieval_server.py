@@ -13,6 +13,7 @@ import base64
 import json
 import shutil
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -276,7 +277,18 @@ def test_bad_input_is_a_4xx_json_error(built, client):
     assert client.get("/health").json() == "ok"  # still serving
 
 
-def test_hot_reload_when_an_update_switches_generations(tmp_path, model):
+def served_generation(client: httpx.Client, generation: str) -> httpx.Response:
+    """The first answer from ``generation`` (it is loaded in the server's background)."""
+    deadline = time.monotonic() + 30
+    while True:
+        r = client.post("/knn-service", json={"text": "a yellow star"})
+        assert r.status_code == 200, r.text
+        if r.headers["x-index-generation"] == generation or time.monotonic() > deadline:
+            return r
+        time.sleep(0.02)
+
+
+def test_hot_reload_when_an_update_switches_generations(tmp_path, model, caplog):
     folder = make_gallery(tmp_path / "gallery", GALLERY[:4])
     base = tmp_path / "h.idx"
     index_folder(folder, base, model)
@@ -290,12 +302,16 @@ def test_hot_reload_when_an_update_switches_generations(tmp_path, model):
         star.parent.mkdir()
         render(*GALLERY[7]).save(star)
         RetrievalIndex.open(base, model).update(folder, progress=False, workers=0)
-        r = client.post("/knn-service", json={"text": "a yellow star"})
+        r = served_generation(client, "2")
         assert r.headers["x-index-generation"] == "2"
         same_hits(r.json(), RetrievalIndex.open(base, model).search("a yellow star", k=5))
         Path(f"{base}.manifest.json").write_text("{broken")  # a bad generation is not served
-        r = client.post("/knn-service", json={"text": "a yellow star"})
-        assert r.status_code == 200 and r.headers["x-index-generation"] == "2"
+        deadline = time.monotonic() + 30
+        while "reload failed" not in caplog.text and time.monotonic() < deadline:
+            r = client.post("/knn-service", json={"text": "a yellow star"})  # (loads it)
+            assert r.headers["x-index-generation"] == "2" and len(r.json()) == 5
+            time.sleep(0.02)
+    assert "keeping generation 2, reload failed" in caplog.text
 
 
 def test_four_concurrent_clients_on_10000_vectors(built):

@@ -44,13 +44,15 @@ JSON that is not an object, bad base64, bytes that are not an image, a wrong typ
 
 The index is loaded once. Each request first checks (at most every ``reload_interval``
 seconds) whether the index's manifest was replaced; when an ``index --update`` has switched
-generations, the new one is loaded (by the request that noticed it; the others go on with
-the old one meanwhile) and served from then on. Readers never take the index's lock (that
+generations, the new one is loaded in a thread (requests go on with the old one meanwhile)
+and served from then on. Readers never take the index's lock (that
 is the store's rule: a writer holds it, and switches generations with one rename, so the
 manifest always names a complete generation; :func:`~.store.load_index_set` reads again if
 the switch happens while it reads). A new generation recorded with another model gets that
 model. Files are only read below the indexed folder: an id, caption or symlink that
-resolves outside it is not read.
+resolves outside it is not read. Queries run one at a time on the server's event loop
+(image bytes are decoded in a thread first): on a CPU the model and the search are a few
+milliseconds, less than handing them to a thread costs under load.
 """
 
 import base64
@@ -172,7 +174,8 @@ class ServedIndex:
         index.model  # noqa: B018  (built and checked now, not at the first query)
         self.current = self._snapshot(index, stamp)
         self._checked = time.monotonic()
-        self._reloading = threading.Lock()
+        self._reloading = threading.Lock()  # held by the thread loading a new generation
+        self._failed: tuple[int, int, int] | None = None  # the stamp whose load failed
 
     def _snapshot(self, index: Any, stamp: tuple[int, int, int]) -> Snapshot:
         if index.embeddings is None or not len(index.embeddings):
@@ -180,25 +183,31 @@ class ServedIndex:
         return Snapshot(index, stamp, index.root.resolve())
 
     def snapshot(self) -> Snapshot:
-        """The snapshot to answer a request from: the current one, after loading a new
-        generation when the manifest changed (a failed reload keeps the old one, logged)."""
+        """The snapshot to answer a request from: the current one. When the manifest has
+        changed (checked at most every ``reload_interval`` seconds), the new generation is
+        loaded in a thread and served once complete; a failed load keeps the old one, logged,
+        and is not tried again before the manifest changes again."""
         now = time.monotonic()
-        if now - self._checked < self.reload_interval or not self._reloading.acquire(False):
-            return self.current  # checked recently, or another request is reloading
-        try:
+        if now - self._checked >= self.reload_interval and not self._reloading.locked():
             self._checked = now
             try:
                 stamp = _stamp(self.base)
             except OSError:  # the manifest is being replaced: the old one is still served
-                return self.current
-            if stamp != self.current.stamp:
-                self._reload(stamp)
-        except Exception as e:  # noqa: BLE001  (served on; the next check tries again)
+                stamp = self.current.stamp
+            if stamp not in (self.current.stamp, self._failed) and self._reloading.acquire(False):
+                threading.Thread(target=self._reload_logged, args=(stamp,), daemon=True,
+                                 name=f"reload-{self.name}").start()  # fmt: skip
+        return self.current
+
+    def _reload_logged(self, stamp: tuple[int, int, int]) -> None:
+        try:
+            self._reload(stamp)
+        except Exception as e:  # noqa: BLE001  (served on with the old generation)
+            self._failed = stamp
             LOG.warning("%s: keeping generation %s, reload failed: %s", self.name,
                         self.current.generation, e)  # fmt: skip
         finally:
             self._reloading.release()
-        return self.current
 
     def _reload(self, stamp: tuple[int, int, int]) -> None:
         from .api import RetrievalIndex
@@ -274,7 +283,6 @@ def make_app(
             name, path, model if fits else None, device=device, precision=precision,
             reload_interval=reload_interval,
         )  # fmt: skip
-    compute = threading.Lock()  # one query at a time runs the model and the search
 
     def lookup(name: str | None) -> ServedIndex:
         if name is None:
@@ -283,7 +291,7 @@ def make_app(
             raise QueryError(f"unknown indice_name {name!r}; this server has {list(served)}", 404)
         return served[name]
 
-    def knn(query: KnnQuery) -> tuple[list[dict], Snapshot]:
+    def knn(query: KnnQuery, picture: Any) -> tuple[list[dict], Snapshot]:
         snap = lookup(query.indice_name).snapshot()
         index = snap.index
         k = min(query.num_result_ids, len(index))
@@ -294,13 +302,9 @@ def make_app(
                     f"embeddings have {index.embeddings.dim}"
                 )
             q = torch.tensor([query.embedding], dtype=torch.float32)
-        elif query.image is not None:
-            from attn_vision.images import _decode  # the one image decoder, on bytes
-
-            q = _decode(query.image, "image", None)
         else:
-            q = query.text
-        with compute, torch.inference_mode():
+            q = picture if query.image is not None else query.text
+        with torch.inference_mode():
             if not isinstance(q, torch.Tensor):
                 q = index.embed_queries([q])
             found = index.embeddings.search(q, k=k, exact=exact, nprobe=nprobe)
@@ -358,7 +362,14 @@ def make_app(
     @app.post("/knn-service")
     async def knn_service(request: Request) -> JSONResponse:
         query = parse_knn_body(await json_body(request))
-        results, snap = await run_in_threadpool(knn, query)
+        picture = None
+        if query.image is not None:  # decoded in a thread (a large image takes a while)
+            from attn_vision.images import _decode  # the one image decoder, on bytes
+
+            picture = await run_in_threadpool(_decode, query.image, "image", None)
+        # the model and the search run here, one query at a time: handing them to a thread
+        # cost more than they take (measured: benchmarks section server)
+        results, snap = knn(query, picture)
         headers = {"X-Index-Generation": str(snap.generation)}
         if query.ignored:
             headers["X-Ignored-Options"] = ", ".join(query.ignored)
