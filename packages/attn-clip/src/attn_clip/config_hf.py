@@ -9,12 +9,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from attn_core.activations import hf_activation
+
 from .tower_config import CLIPTextConfig, CLIPVisionConfig
 
 __all__ = ["from_hf"]
 
-# transformers ``hidden_act`` -> ours
-_HF_ACTS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "quick_gelu": "quick_gelu"}
+# the transformers ``hidden_act`` names our CLIP / SigLIP towers take (others are refused)
+_HF_ACTS = ("gelu", "gelu_pytorch_tanh", "quick_gelu")
 
 
 def from_hf(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -138,10 +140,7 @@ def _from_hf_siglip(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
 
 
 def _hf_act(c: dict[str, Any], where: str, default: str) -> str:
-    name = c.get("hidden_act", default)
-    if name not in _HF_ACTS:
-        raise ValueError(f"{where}.hidden_act={name!r} is not supported; expected {list(_HF_ACTS)}")
-    return _HF_ACTS[name]
+    return hf_activation(c.get("hidden_act", default), f"{where}.hidden_act", _HF_ACTS)
 
 
 def _hf_ratio(c: dict[str, Any], width: int, default: int) -> float:

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from attn_core.activations import hf_activation
 
 from .config import TransformerConfig
 from .generation import GenerationConfig
@@ -204,19 +205,6 @@ _MARIAN_GENERATION = frozenset(f.name for f in dataclasses.fields(GenerationConf
     "max_time",
 }
 
-# transformers' ACT2FN names that are the same function as one of ours.
-_MARIAN_ACTIVATIONS = {
-    "relu": "relu",
-    "gelu": "gelu",
-    "gelu_python": "gelu",
-    "gelu_new": "gelu_tanh",
-    "gelu_fast": "gelu_tanh",
-    "gelu_pytorch_tanh": "gelu_tanh",
-    "quick_gelu": "quick_gelu",
-    "swish": "silu",
-    "silu": "silu",
-}
-
 
 def hf_fields(
     hf: Mapping[str, Any],
@@ -288,12 +276,7 @@ def config_from_hf_marian(hf: Mapping[str, Any]) -> TransformerConfig:
     the computation and is not supported raises ``ValueError`` naming it and its value.
     """
     f = _marian_fields(hf)
-    act = f["activation_function"]
-    if act not in _MARIAN_ACTIVATIONS:
-        raise ValueError(
-            f"Marian config: activation_function={act!r} is not supported; "
-            f"expected one of {sorted(_MARIAN_ACTIVATIONS)}"
-        )
+    act = hf_activation(f["activation_function"], "Marian config: activation_function")
     vocab = f["vocab_size"]
     shared, tied = f["share_encoder_decoder_embeddings"], f["tie_word_embeddings"]
     if shared:
@@ -315,7 +298,7 @@ def config_from_hf_marian(hf: Mapping[str, Any]) -> TransformerConfig:
         mlp_dim=f["encoder_ffn_dim"],
         decoder_num_heads=f["decoder_attention_heads"],
         decoder_mlp_dim=f["decoder_ffn_dim"],
-        act=_MARIAN_ACTIVATIONS[act],
+        act=act,
         norm_first=False,  # post-norm (normalize_before is pinned to False above)
         final_norm=False,
         dropout=f["dropout"],

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from attn_core.activations import HF_ACTIVATIONS, hf_activation
 from torch import nn
 
 from .config import config_from_dict
@@ -51,19 +52,7 @@ __all__ = [
 MODEL_TYPE = "attn_nlp.m2m100"
 POSITION_OFFSET = 2  # fairseq's: rows 0 .. pad_token_id are never a real token's position
 
-# transformers' ACT2FN names that are the same function as one of ours
-_ACTIVATIONS = {
-    "relu": "relu",
-    "gelu": "gelu",
-    "gelu_python": "gelu",
-    "gelu_new": "gelu_tanh",
-    "gelu_fast": "gelu_tanh",
-    "gelu_pytorch_tanh": "gelu_tanh",
-    "quick_gelu": "quick_gelu",
-    "swish": "silu",
-    "silu": "silu",
-}
-_OURS = sorted(set(_ACTIVATIONS.values()))
+_OURS = sorted(set(HF_ACTIVATIONS.values()))
 
 
 @dataclass
@@ -164,12 +153,7 @@ def config_from_hf(hf: Mapping[str, Any]) -> Config:
             "not supported"
         )
     f = hf_fields(hf, "M2M100 config", _HF_DEFAULTS, _HF_ALIASES, _HF_PINNED)
-    act = f["activation_function"]
-    if act not in _ACTIVATIONS:
-        raise ValueError(
-            f"M2M100 config: activation_function={act!r} is not supported; "
-            f"expected one of {sorted(_ACTIVATIONS)}"
-        )
+    act = hf_activation(f["activation_function"], "M2M100 config: activation_function")
     pad = f["pad_token_id"]
     if not isinstance(pad, int) or isinstance(pad, bool):
         raise ValueError(f"M2M100 config: pad_token_id={pad!r} is not supported; expected an id")
@@ -186,7 +170,7 @@ def config_from_hf(hf: Mapping[str, Any]) -> Config:
         depth=f["encoder_layers"],
         num_heads=f["encoder_attention_heads"],
         mlp_dim=f["encoder_ffn_dim"],
-        act=_ACTIVATIONS[act],
+        act=act,
         pad_id=pad,
         max_positions=f["max_position_embeddings"],
         scale_embedding=bool(f["scale_embedding"]),

@@ -42,6 +42,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from attn_core import TransformerBlock
+from attn_core.activations import HF_ACTIVATIONS, hf_activation
 from torch import nn
 
 from .config import config_from_dict
@@ -51,19 +52,6 @@ __all__ = ["MODEL_TYPE", "Config", "Encoder", "config_from_hf", "convert_hf", "p
 
 MODEL_TYPE = "attn_nlp.roberta"
 
-# Hugging Face hidden_act -> attn_core activation (the same function; others are refused).
-HF_ACTIVATIONS = {
-    "gelu": "gelu",
-    "gelu_python": "gelu",
-    "gelu_new": "gelu_tanh",
-    "gelu_fast": "gelu_tanh",
-    "gelu_pytorch_tanh": "gelu_tanh",
-    "gelu_python_tanh": "gelu_tanh",
-    "quick_gelu": "quick_gelu",
-    "relu": "relu",
-    "silu": "silu",
-    "swish": "silu",
-}
 ACTS = frozenset(HF_ACTIVATIONS.values())
 
 
@@ -340,9 +328,10 @@ def config_from_hf(hf: Mapping[str, Any]) -> Config:
     for key, (value, meaning) in _PINNED.items():
         if key in hf and hf[key] != value:
             refused.append(f"{key}={hf[key]!r} ({meaning}; only {value!r} is supported)")
-    act = hf.get("hidden_act", "gelu")
-    if act not in HF_ACTIVATIONS:
-        refused.append(f"hidden_act={act!r} (supported: {sorted(HF_ACTIVATIONS)})")
+    try:
+        act = hf_activation(hf.get("hidden_act", "gelu"), "hidden_act")
+    except ValueError as e:
+        refused.append(str(e))
     if hf.get("pad_token_id", 1) is None:
         refused.append("pad_token_id=None (positions are counted from the pad id)")
     known = {"vocab_size", "hidden_act", *_MAPPED, *_PINNED, *_IGNORED}
@@ -354,7 +343,7 @@ def config_from_hf(hf: Mapping[str, Any]) -> Config:
     fields = {field: hf.get(key, default) for key, (field, default) in _MAPPED.items()}
     return Config(
         vocab_size=hf.get("vocab_size", _VOCAB_DEFAULTS[kind]),
-        act=HF_ACTIVATIONS[act],
+        act=act,
         **fields,
     )
 

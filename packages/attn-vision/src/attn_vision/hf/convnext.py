@@ -32,6 +32,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 import torch
+from attn_core.activations import hf_activation
 
 from ..convnext import ConvNeXt, ConvNeXtConfig
 from ..patch_embed import to_2tuple
@@ -46,7 +47,6 @@ ARCHITECTURES = {
     "convnextv2": ("ConvNextV2Model", "ConvNextV2ForImageClassification"),
 }
 REFUSED_ARCHITECTURES = {"ConvNextBackbone": _BACKBONE, "ConvNextV2Backbone": _BACKBONE}
-_GELU = ("gelu", "gelu_python")  # transformers' ACT2FN names of the exact (erf) GELU
 
 
 def config_from_hf(hf: Mapping[str, Any], state_dict_keys: Collection[str]) -> tuple[str, Any]:
@@ -61,9 +61,8 @@ def config_from_hf(hf: Mapping[str, Any], state_dict_keys: Collection[str]) -> t
             f"num_stages={stages}, depths={list(depths)}, hidden_sizes={list(dims)}: "
             "attn_vision's ConvNeXt has exactly 4 stages"
         )
-    act = _field(hf, "hidden_act", "gelu")
-    if act not in _GELU:
-        raise ValueError(f"hidden_act={act!r} is not supported: ConvNeXt's MLP is 'gelu'")
+    # our ConvNeXt's MLP: the exact (erf) GELU, transformers' "gelu" / "gelu_python"
+    hf_activation(_field(hf, "hidden_act", "gelu"), "hidden_act", ("gelu", "gelu_python"))
     ph, pw = to_2tuple(_field(hf, "patch_size", 4))
     if ph != pw:
         raise ValueError(f"patch_size={[ph, pw]} is not supported: expected a square stem")

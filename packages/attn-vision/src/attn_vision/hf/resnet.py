@@ -28,6 +28,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 import torch
+from attn_core.activations import hf_activation
 
 from ..resnet import ResNet, ResNetConfig
 from ._keys import check_architectures, renamed_checked
@@ -44,9 +45,8 @@ def config_from_hf(hf: Mapping[str, Any], state_dict_keys: Collection[str]) -> t
     """``config.json`` of a ResNet checkpoint (and its weights' keys) ->
     ``("resnet", ResNetConfig)``. ``ValueError`` names a field we cannot build."""
     check_architectures(hf, MODEL_TYPES, REFUSED_ARCHITECTURES)
-    act = _field(hf, "hidden_act", "relu")
-    if act != "relu":  # transformers uses it in the stem and after each residual sum only
-        raise ValueError(f"hidden_act={act!r} is not supported: attn_vision's ResNet uses 'relu'")
+    # transformers uses it in the stem and after each residual sum only; ours is ReLU
+    hf_activation(_field(hf, "hidden_act", "relu"), "hidden_act", ("relu",))
     if _field(hf, "downsample_in_first_stage", False):
         raise ValueError(
             "downsample_in_first_stage=True (a stride-2 first stage) is not supported: "

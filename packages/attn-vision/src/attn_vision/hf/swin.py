@@ -41,6 +41,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 import torch
+from attn_core.activations import hf_activation
 from attn_core.hub import CheckpointError
 
 from ..convert import check_state_dict, expected_state_dict_shapes
@@ -85,9 +86,7 @@ def config_from_hf(hf: Mapping[str, Any], state_dict_keys: Collection[str]) -> t
     """``config.json`` of a Swin checkpoint (and its weights' keys) -> ``("swin", SwinConfig)``.
     ``ValueError`` names a field we cannot build."""
     check_architectures(hf, MODEL_TYPES, REFUSED_ARCHITECTURES)
-    act = _field(hf, "hidden_act", "gelu")
-    if act != "gelu":
-        raise ValueError(f"hidden_act={act!r} is not supported: attn_vision's Swin MLP is 'gelu'")
+    hf_activation(_field(hf, "hidden_act", "gelu"), "hidden_act", ("gelu",))  # our Swin's MLP
     eps = float(_field(hf, "layer_norm_eps", 1e-5))
     if eps != 1e-5:
         raise ValueError(

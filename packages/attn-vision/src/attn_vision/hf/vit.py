@@ -57,6 +57,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 import torch
+from attn_core.activations import hf_activation
 from attn_core.hub import CheckpointError
 from torch import nn
 
@@ -103,19 +104,6 @@ REFUSED_ARCHITECTURES = {
     "Dinov2Backbone": _BACKBONE,
     "Dinov2WithRegistersBackbone": _BACKBONE,
 }
-# transformers' ``hidden_act`` -> ours (ACT2FN: "gelu" is erf GELU; "gelu_new",
-# "gelu_fast", "gelu_pytorch_tanh" are the tanh approximation)
-HF_ACTS = {
-    "gelu": "gelu",
-    "gelu_python": "gelu",
-    "gelu_new": "gelu_tanh",
-    "gelu_fast": "gelu_tanh",
-    "gelu_pytorch_tanh": "gelu_tanh",
-    "quick_gelu": "quick_gelu",
-    "relu": "relu",
-    "silu": "silu",
-    "swish": "silu",
-}
 _PREFIXES = ("vit.", "deit.", "dinov2_with_registers.", "dinov2.")
 
 
@@ -137,10 +125,7 @@ def _field(hf: Mapping[str, Any], name: str, default: Any) -> Any:
 
 
 def _act(hf: Mapping[str, Any]) -> str:
-    act = _field(hf, "hidden_act", "gelu")
-    if act not in HF_ACTS:
-        raise ValueError(f"hidden_act={act!r} is not supported; expected one of {sorted(HF_ACTS)}")
-    return HF_ACTS[act]
+    return hf_activation(_field(hf, "hidden_act", "gelu"), "hidden_act")
 
 
 def _square_patch(hf: Mapping[str, Any]) -> int:
