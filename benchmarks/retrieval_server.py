@@ -123,9 +123,10 @@ def bench_server(args: argparse.Namespace, report: Report) -> None:
         bodies = queries(index, count)
         app = make_app(base, model=index.model)
         with BackgroundServer(app) as server, nodelay_client(server.url) as client:
-            p50 = {}
+            p50, answers = {}, {}  # answers: the in-process rows of each query
             for kind, items in bodies.items():
                 http, local, wrong = [], [], 0
+                answers[kind] = []
                 for i, (value, query) in enumerate([items[0]] * 3 + items):  # 3 warm-ups
                     start = time.perf_counter()
                     r = client.post("/knn-service", json={kind: value, "num_images": 10})
@@ -133,6 +134,7 @@ def bench_server(args: argparse.Namespace, report: Report) -> None:
                     start = time.perf_counter()
                     expected = search_in_process(index, kind, query)
                     if i >= 3:
+                        answers[kind].append(expected)
                         http.append(took)
                         local.append(time.perf_counter() - start)
                         wrong += r.status_code != 200 or [x["id"] for x in r.json()] != expected
@@ -146,26 +148,31 @@ def bench_server(args: argparse.Namespace, report: Report) -> None:
                     1, "query", ours="in process (RetrievalIndex)",
                     checks={"HTTP /knn-service": check, "in process (RetrievalIndex)": local_check},  # noqa: E501
                 )  # fmt: skip
-            concurrent(report, server.url, bodies, rows, count)
+            concurrent(report, server.url, bodies, answers, rows, count)
     where = f"({cpu}, {threads} threads, {rows:,} vectors)"
     report.goal("server text query p50, demo-shapes", f"<= {GOAL_MS:.0f} ms",
                 f"{p50['text']:.1f} ms {where}", p50["text"] <= GOAL_MS)  # fmt: skip
 
 
-def concurrent(report: Report, url: str, bodies: dict, rows: int, count: int) -> None:
-    """4 clients at once, each sending the three kinds in turn, ``count`` requests each."""
-    mixed = [
-        (kind, items[i % len(items)][0]) for i in range(count) for kind, items in bodies.items()
-    ][:count]  # noqa: E501
+def concurrent(
+    report: Report, url: str, bodies: dict, answers: dict, rows: int, count: int
+) -> None:
+    """4 clients at once, each sending the three kinds in turn, ``count`` requests each; an
+    error is a failed request or an answer other than the in-process search's."""
+    mixed = [(kind, bodies[kind][i][0], answers[kind][i]) for i in range(count) for kind in bodies]
+    mixed = mixed[:count]
     times: list[float] = []
     errors: list[str] = []
 
     def one_client() -> None:
         with nodelay_client(url) as client:
-            for kind, value in mixed:
+            for kind, value, expected in mixed:
                 start = time.perf_counter()
                 try:
-                    client.post("/knn-service", json={kind: value}).raise_for_status()
+                    r = client.post("/knn-service", json={kind: value})
+                    r.raise_for_status()
+                    if [x["id"] for x in r.json()] != expected:
+                        errors.append(f"a {kind} answer differs from the in-process search")
                 except Exception as e:  # noqa: BLE001  (counted: the goal is none)
                     errors.append(repr(e))
                 times.append(time.perf_counter() - start)
@@ -178,8 +185,9 @@ def concurrent(report: Report, url: str, bodies: dict, rows: int, count: int) ->
         t.join()
     wall = time.perf_counter() - started
     total = CLIENTS * len(mixed)
-    check = (f"p50 {percentile(times, 50) * 1e3:.1f} / p99 {percentile(times, 99) * 1e3:.1f} ms; "
-             f"{len(errors)} errors; {total / wall:.0f} requests/s")  # fmt: skip
+    p50, p99 = percentile(times, 50) * 1e3, percentile(times, 99) * 1e3
+    check = (f"p50 {p50:.1f} / p99 {p99:.1f} ms; {len(errors)} errors (answers == in process); "
+             f"{total / wall:.0f} requests/s")  # fmt: skip
     report.add_case(SECTION, f"{CLIENTS} clients x {len(mixed)} mixed, {rows:,} vectors",
                     {"HTTP /knn-service": Timing(times)}, 1, "query", ours="HTTP /knn-service",
                     checks={"HTTP /knn-service": check})  # fmt: skip

@@ -21,7 +21,7 @@ def test_server_section_answers_as_the_library_and_reports_latency(tmp_path):
         assert http["median_ms"] > 0 and http["ref_over_ours"] > 0
         assert rows[(kind, "in process (RetrievalIndex)")]["median_ms"] > 0
     (mixed,) = [r for r in result["rows"] if "clients" in r["case"]]
-    assert "; 0 errors;" in mixed["check"]
+    assert "; 0 errors (answers == in process);" in mixed["check"]
     goals = {g["name"]: g for g in result["goals"]}
     assert goals["server, 4 concurrent clients x 6 mixed queries"]["met"]
     assert result["meta"]["cpu_model"] in goals["server text query p50, demo-shapes"]["measured"]
