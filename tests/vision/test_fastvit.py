@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import timm
 import torch
-from attn_core import fast_inference
+from attn_core import fast_inference, onednn
 from attn_core.hub import CheckpointError
 from attn_vision import create_model, get_model_config, list_models, save_pretrained
 from attn_vision.convert import apple_fastvit_to_timm, convert_timm_fastvit
@@ -125,6 +125,26 @@ def test_unfolded_and_folded_match_timm(name, x, tmp_path, assert_parity):
     assert type(back) is FastVit and back.config == folded.config and back.config.inference_mode
     assert all(torch.equal(back.state_dict()[k], v) for k, v in folded.state_dict().items())
     assert torch.equal(back(x), folded(x))
+
+
+@pytest.mark.parametrize("layout", [True, False], ids=["channels_last", "nchw"])
+@torch.no_grad()
+def test_fast_path_both_layouts_equal_the_plain_modules(layout, x, monkeypatch):
+    """The fast path in channels-last memory (the ConvMlps' 1x1 convs as products over the
+    pixels; AVX-512's default) and in NCHW (AVX2's), unfolded and folded, vs the plain
+    modules; attention, SE downsampling and a RepCPE included (MCi0, one block a stage)."""
+    monkeypatch.setattr(onednn, "CHANNELS_LAST_CONVS", layout)
+    monkeypatch.setattr(onednn, "_MKL_ROWS", None if layout else 1024)
+    ours = _randomize(create_model("fastvit_mci0", layers=_shrunk("fastvit_mci0"), num_classes=5))
+    folded = copy.deepcopy(ours).reparameterize()
+    with fast_inference.disabled(ours):
+        expected = ours(x)
+    seen = []
+    hook = folded.final_conv.register_forward_hook(lambda m, i, out: seen.append(out))
+    torch.testing.assert_close(folded(x), expected, **FUSED_TOL)
+    torch.testing.assert_close(ours(x), expected, **FUSED_TOL)
+    hook.remove()
+    assert seen[0].is_contiguous(memory_format=torch.channels_last) == layout
 
 
 @torch.no_grad()

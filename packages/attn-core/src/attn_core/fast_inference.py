@@ -19,10 +19,10 @@ fp32 / bf16 (bf16 where the CPU has oneDNN's bf16 kernels), no autograd, no auto
 and otherwise falls back to the module calls, so a switched-on model is always safe to
 call. Its kernels are :mod:`attn_core.onednn` (oneDNN products on pre-packed weights,
 convolutions on folded BatchNorms, :func:`patchify`, :func:`linear_act`,
-:func:`conv_bn_act`, re-exported here) and :func:`channel_multiplier_conv`; a
-:class:`TransformerBlock`'s fused forward lives in the block (``forward_fused``, next to
-``forward``). On top of them, each step exact up to
-float rounding (tests/core/test_fast_inference.py):
+:func:`conv_bn_act`, :func:`pointwise_conv`, :func:`channels_last`, :func:`inplace_act`,
+re-exported here) and :func:`channel_multiplier_conv`; a :class:`TransformerBlock`'s fused
+forward lives in the block (``forward_fused``, next to ``forward``). On top of them, each
+step exact up to float rounding (tests/core/test_fast_inference.py):
 
 * :func:`run_blocks` runs a block stack, the supported blocks fused, and can compute only
   one row per sequence in the last block (the token a model pools: ViT's [CLS], CLIP
@@ -50,26 +50,32 @@ from .onednn import (  # the kernels, re-exported: models import them from here
     _ONEDNN_BF16,  # noqa: F401  (read by tests: whether bf16 runs fused)
     _folded,  # noqa: F401
     _packed,  # noqa: F401
+    channels_last,
     compile_module,
     conv_bn_act,
     fast_path_available,
+    inplace_act,
     linear_act,
     patchify,
+    pointwise_conv,
     release_packed_weights,
 )
 
 __all__ = [
     "block_supported",
     "channel_multiplier_conv",
+    "channels_last",
     "compile_module",
     "conv_bn_act",
     "disable",
     "disabled",
     "enable",
     "fast_path_available",
+    "inplace_act",
     "is_enabled",
     "linear_act",
     "patchify",
+    "pointwise_conv",
     "release_packed_weights",
     "run_blocks",
     "run_causal_pooled",
@@ -139,13 +145,14 @@ def channel_multiplier_conv(conv: nn.Conv2d, x: torch.Tensor, enabled: bool = Tr
     downsampling and final convs): ``m`` depthwise convolutions (output ``j`` of every group),
     interleaved. PyTorch's kernels for such a conv measured 3-10x slower than this on the
     AVX2 EPYC at 1 thread (5-7 ms vs 0.7 ms for FastViT-MCi2's first downsampling at batch
-    1). Other convolutions, and off the fast path (``enabled``, :func:`fast_path_available`):
-    ``conv(x)`` itself."""
+    1). The output keeps ``x``'s memory layout (NCHW or channels-last). Other convolutions,
+    and off the fast path (``enabled``, :func:`fast_path_available`): ``conv(x)`` itself."""
+    if type(conv) is not nn.Conv2d:  # (e.g. a quantized conv: its own forward)
+        return conv(x)
     C = conv.in_channels
     m = conv.out_channels // C
     if not (
         enabled
-        and type(conv) is nn.Conv2d
         and conv.groups == C
         and m > 1
         and conv.padding_mode == "zeros"
@@ -160,6 +167,9 @@ def channel_multiplier_conv(conv: nn.Conv2d, x: torch.Tensor, enabled: bool = Tr
                  conv.dilation, C)
         for j in range(m)
     ]  # fmt: skip
+    if not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
+        # channels-last in, channels-last out: (B, H', W', C, m) -> (B, C m, H', W')
+        return torch.stack([o.permute(0, 2, 3, 1) for o in outs], -1).flatten(3).permute(0, 3, 1, 2)
     return torch.stack(outs, 2).flatten(1, 2)  # (B, C, m, H', W') -> (B, C m, H', W')
 
 

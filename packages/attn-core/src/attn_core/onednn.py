@@ -19,7 +19,9 @@ always safe to call. Each is exact up to float rounding (tests/core/test_fast_in
   packing). It dies with the parameters, and :func:`release_packed_weights` frees it
   earlier; call that after writes through ``param.data``, which nothing can see;
 * :func:`patchify` computes a patch-embedding convolution as one fused product on
-  flattened patches;
+  flattened patches, :func:`pointwise_conv` a 1x1 convolution on channels-last pixels
+  (where :func:`channels_last` put a convnet's input: AVX-512 CPUs);
+* :func:`inplace_act` runs an activation over a fresh output in place;
 * :func:`conv_bn_act` runs ``act(bn(conv(x)) + residual)`` of convolutional networks
   (ResNets, ConvNeXt's depthwise convs) as one oneDNN convolution in channels-last memory,
   the BatchNorm folded into a cached copy of the conv weights (re-folded when any of them
@@ -50,9 +52,12 @@ __all__ = [
     "compile_module",
     "conv_bn_act",
     "fast_path_available",
+    "channels_last",
     "fused_linear",
+    "inplace_act",
     "linear_act",
     "patchify",
+    "pointwise_conv",
     "release_packed_weights",
 ]
 
@@ -65,12 +70,23 @@ _ONEDNN = (
 # CPU) bf16 models run their module calls instead of raising from the weight reorder
 _ONEDNN_BF16 = _ONEDNN and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 _PACK_ROWS = 64  # oneDNN's layout hint: expected rows per product (8..400 measured alike)
-# From this many rows per product on, MKL's sgemm (``F.linear``, the activation after it)
-# runs the product instead of oneDNN: on the AVX2 EPYC at 1 thread, MKL measured 15-25% ahead
-# from 256 rows on at widths 512 / 768 idle (min of 11; oneDNN's fused erf-GELU costing
-# 30-40% of the product), oneDNN ahead only below ~32 rows; under load (median of 7) the two
-# were mixed at 128-400 rows and MKL ahead from ~800: 1024, where every measurement agrees
-_MKL_ROWS = 1024
+# ATen's vector ISA for this CPU ("AVX2", "AVX512", ...; the ATEN_CPU_CAPABILITY variable
+# overrides it). On the AVX-512 EPYC (Zen 4) tried, at 1 thread, oneDNN's products measured
+# ahead of MKL's sgemm at every size (10-35% at 256-6,160 rows, widths 512-2,048) and its
+# depthwise convolutions 10-50% faster in channels-last memory than in NCHW; on the AVX2 EPYC
+# tried, neither (below).
+_AVX512 = torch.backends.cpu.get_cpu_capability() == "AVX512"
+# From this many rows per product on (None: never), MKL's sgemm (``F.linear``, the activation
+# after it) runs the product instead of oneDNN: on the AVX2 EPYC at 1 thread, MKL measured
+# 15-25% ahead from 256 rows on at widths 512 / 768 idle (min of 11; oneDNN's fused erf-GELU
+# costing 30-40% of the product), oneDNN ahead only below ~32 rows; under load (median of 7)
+# the two were mixed at 128-400 rows and MKL ahead from ~800: 1024, where every measurement
+# agrees. On AVX-512: never (above).
+_MKL_ROWS: int | None = None if _AVX512 else 1024
+# Whether convnets whose convolutions PyTorch runs itself (a folded FastViT) go channels-last,
+# their 1x1 convolutions as oneDNN products over the pixels (:func:`pointwise_conv`): on
+# AVX-512 (above); on the AVX2 EPYC their NCHW kernels measured as fast or faster
+CHANNELS_LAST_CONVS = _AVX512
 
 # weight -> ((version, data_ptr, dtype, shape), packed weight); entries die with the weight
 _packed: WeakIdKeyDictionary = WeakIdKeyDictionary()
@@ -153,15 +169,21 @@ def _post_op(act: nn.Module | None) -> tuple[str, str] | None:
     return None
 
 
-def _activation(act: nn.Module | None, out: torch.Tensor) -> torch.Tensor:
-    """``act(out)``, in place where that is exact (ReLU, QuickGELU)."""
+def inplace_act(act: nn.Module | None, x: torch.Tensor, enabled: bool = True) -> torch.Tensor:
+    """``act(x)`` (``x`` for None), written over ``x`` on the fast path (``enabled``,
+    :func:`fast_path_available`) for a GELU / ReLU / SiLU / QuickGELU module; ``act(x)``
+    elsewhere. Only for an ``x`` nothing else reads (a layer's fresh output). Saves
+    allocating (and first touching) a tensor the size of ``x``: 3-10% of a folded
+    FastViT-MCi2 at batch 8 (NCHW, on the AVX-512 EPYC at 1 thread)."""
     if act is None:
-        return out
-    if type(act) is nn.ReLU:
-        return out.relu_()
-    if type(act) is QuickGELU:
-        return out.mul_(torch.sigmoid(1.702 * out))
-    return act(out)
+        return x
+    if enabled and type(act) in (nn.GELU, nn.ReLU, nn.SiLU, QuickGELU) and fast_path_available(x):
+        if type(act) is nn.GELU:
+            return torch.ops.aten.gelu_(x, approximate=act.approximate)
+        if type(act) is QuickGELU:
+            return x.mul_(torch.sigmoid(1.702 * x))
+        return x.relu_() if type(act) is nn.ReLU else F.silu(x, inplace=True)
+    return act(x)
 
 
 def fused_linear(
@@ -174,9 +196,10 @@ def fused_linear(
     """``act(x @ weight.T + bias) (+ residual)``: one oneDNN call, bias and act fused (from
     ``_MKL_ROWS`` rows of ``x`` on, fp32: ``F.linear``, then the act and the residual)."""
     rows = x.numel() // max(x.shape[-1], 1)
-    if rows >= _MKL_ROWS and x.dtype == torch.float32 and not torch.compiler.is_compiling():
+    mkl = _MKL_ROWS is not None and rows >= _MKL_ROWS
+    if mkl and x.dtype == torch.float32 and not torch.compiler.is_compiling():
         out = F.linear(x, weight.reshape(weight.shape[0], -1), bias)  # MKL's sgemm
-        out = _activation(act, out)
+        out = inplace_act(act, out)
         return out if residual is None else out.add_(residual)
     post = _post_op(act)
     attr, alg = post if post is not None else ("none", "")
@@ -186,7 +209,7 @@ def fused_linear(
     else:
         out = torch.ops.mkldnn._linear_pointwise(x, _packed_weight(weight), bias, attr, [], alg)
     if post is None:
-        out = _activation(act, out)
+        out = inplace_act(act, out)
     # (oneDNN's fused "add" epilogue measured slower than this in-place add)
     return out if residual is None else out.add_(residual)
 
@@ -258,6 +281,50 @@ def patchify(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     x = x[:, :, : gh * ph, : gw * pw].reshape(B, C, gh, ph, gw, pw)
     x = x.permute(0, 2, 4, 1, 3, 5).reshape(B, gh, gw, C * ph * pw)  # (B, gh, gw, C ph pw)
     return fused_linear(x, conv.weight, conv.bias)  # the conv weight, flattened the same way
+
+
+def channels_last(x: torch.Tensor, enabled: bool = True) -> torch.Tensor:
+    """``x`` ``(B, C, H, W)`` in channels-last memory where the fast path is available
+    (``enabled``, :func:`fast_path_available`) and convolutions run faster that way
+    (:data:`CHANNELS_LAST_CONVS`: AVX-512); ``x`` itself elsewhere. PyTorch's convolutions
+    keep the layout they are given, so one call at a convnet's input sets it throughout."""
+    if enabled and CHANNELS_LAST_CONVS and x.ndim == 4 and fast_path_available(x):
+        return x.contiguous(memory_format=torch.channels_last)
+    return x
+
+
+def pointwise_conv(
+    conv: nn.Conv2d,
+    x: torch.Tensor,
+    act: nn.Module | None = None,
+    residual: torch.Tensor | None = None,
+    enabled: bool = True,
+) -> torch.Tensor:
+    """``act(conv(x)) (+ residual)`` for a 1x1 convolution (stride 1, no padding, one group),
+    ``(B, C, H, W)`` -> ``(B, C', H, W)``. On a channels-last ``x`` where the fast path is
+    available (``enabled``, :func:`fast_path_available`, :data:`CHANNELS_LAST_CONVS`): one
+    :func:`fused_linear` over the ``B H W`` pixel rows (the activation fused, the residual
+    added in place), its output channels-last: 7-18% faster than the convolution in either
+    layout at FastViT-MCi2's ConvMlp shapes (batch 1, the AVX-512 EPYC at 1 thread).
+    Elsewhere the modules (the activation in place: :func:`inplace_act`)."""
+    if (
+        enabled
+        and CHANNELS_LAST_CONVS
+        and fast_path_available(x)
+        and type(conv) is nn.Conv2d
+        and conv.kernel_size == (1, 1)
+        and conv.stride == (1, 1)
+        and conv.padding == (0, 0)
+        and conv.groups == 1
+        and conv.weight.dtype == x.dtype
+        and x.is_contiguous(memory_format=torch.channels_last)
+        and not torch.compiler.is_compiling()
+    ):
+        res = None if residual is None else residual.permute(0, 2, 3, 1)  # (B, H, W, C')
+        out = fused_linear(x.permute(0, 2, 3, 1), conv.weight, conv.bias, act, res)
+        return out.permute(0, 3, 1, 2)  # (B, H, W, C') -> (B, C', H, W), channels-last
+    out = inplace_act(act, conv(x), enabled)
+    return out if residual is None else out + residual
 
 
 def _tensor_key(t: torch.Tensor | None) -> tuple | None:

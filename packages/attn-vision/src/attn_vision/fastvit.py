@@ -37,13 +37,21 @@ Parameter names are timm's (``stem.{i}.conv_kxk.{j}.conv`` / ``.bn``, ``conv_sca
 timm's checkpoints load unchanged; timm's *reparameterized* ones go through the folds that
 timm leaves out (:func:`attn_vision.convert.convert_timm_fastvit`).
 
-Inference fast path: the unfolded model's conv + BatchNorm pairs
-(:class:`~attn_vision.mobileone.ConvNorm`) run through
-:func:`attn_core.fast_inference.conv_bn_act` (the BatchNorm folded on the fly; switched by
-:func:`attn_core.fast_inference.enable` / ``disable``). The folded model runs plain modules:
-no BatchNorm is left to fold, and oneDNN's channels-last convolutions measured no faster than
-PyTorch's own on the CPU tried (its depthwise ones, most of FastViT's, up to 3x slower), so
-folding is the speed-up.
+Inference fast path (:func:`attn_core.fast_inference.enable` / ``disable`` switch it): the
+unfolded model's conv + BatchNorm pairs (:class:`~attn_vision.mobileone.ConvNorm`) run
+through :func:`attn_core.fast_inference.conv_bn_act` (the BatchNorm folded on the fly, ~15%
+faster); the folded model's grouped convs with one input channel per group (``PatchEmbed``'s,
+``final_conv``'s) as depthwise convs, interleaved
+(:func:`attn_core.fast_inference.channel_multiplier_conv`, several times faster than
+PyTorch's kernel for them), and its GELUs in place
+(:func:`attn_core.fast_inference.inplace_act`). Where channels-last convolutions are the
+faster layout (:data:`attn_core.onednn.CHANNELS_LAST_CONVS`: AVX-512 CPUs) the input goes
+channels-last (:func:`attn_core.fast_inference.channels_last`), and the ConvMlps' 1x1 convs
+run as oneDNN products over the pixels with the GELU fused
+(:func:`attn_core.fast_inference.pointwise_conv`); the other convolutions are PyTorch's own
+in that layout. On the AVX2 CPU tried, oneDNN's channels-last convolutions measured no faster
+than PyTorch's NCHW ones with nothing left to fold (its depthwise ones up to 3x slower), so
+there the folded model runs NCHW.
 """
 
 from __future__ import annotations
@@ -57,6 +65,7 @@ from typing import Any
 import torch
 import torch.utils.checkpoint
 from attn_core import DropPath, attention
+from attn_core.fast_inference import channels_last, linear_act, pointwise_conv
 from torch import nn
 
 from .convnext import LayerNorm2d
@@ -226,7 +235,12 @@ class RepMixer(nn.Module):
 
 class ConvMlp(nn.Module):
     """FastViT's MLP on ``(B, C, H, W)``: ``fc2(drop(gelu(fc1(conv(x)))))`` (``conv``: a
-    depthwise 7x7 conv + BN; ``fc1`` / ``fc2``: 1x1 convs)."""
+    depthwise 7x7 conv + BN; ``fc1`` / ``fc2``: 1x1 convs). On the fast path ``fc1`` /
+    ``fc2`` run through :func:`attn_core.fast_inference.pointwise_conv` (on a channels-last
+    ``x``: oneDNN products over the pixels, the GELU fused; else the convs, the GELU in
+    place)."""
+
+    fast_inference = True  # attn_core.fast_inference.enable / disable
 
     def __init__(self, dim: int, hidden: int, drop: float = 0.0, inference_mode: bool = False):
         super().__init__()
@@ -237,7 +251,9 @@ class ConvMlp(nn.Module):
         self.drop = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop(self.fc2(self.drop(self.act(self.fc1(self.conv(x))))))
+        fast = self.fast_inference and not self.training  # (dropout: no fast path)
+        h = pointwise_conv(self.fc1, self.conv(x), self.act, enabled=fast)
+        return self.drop(pointwise_conv(self.fc2, self.drop(h), enabled=fast))
 
 
 class RepConditionalPosEnc(nn.Module):
@@ -273,7 +289,10 @@ class RepConditionalPosEnc(nn.Module):
 
 class Attention(nn.Module):
     """Multi-head self-attention over the ``N = H * W`` positions of ``(B, C, H, W)`` (heads
-    of width 32; timm's ``qkv`` has no bias, a folded BatchNorm pre-norm gives it one)."""
+    of width 32; timm's ``qkv`` has no bias, a folded BatchNorm pre-norm gives it one). On
+    the fast path its Linears are :func:`attn_core.fast_inference.linear_act`'s products."""
+
+    fast_inference = True  # attn_core.fast_inference.enable / disable
 
     def __init__(
         self, dim: int, qkv_bias: bool = False, attn_drop: float = 0.0, proj_drop: float = 0.0
@@ -287,11 +306,12 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, C, H, W = x.shape
-        x = x.flatten(2).transpose(1, 2)  # (B, N, C)
-        qkv = self.qkv(x).reshape(B, H * W, 3, self.num_heads, HEAD_DIM)
+        fast = self.fast_inference and not self.training
+        x = x.flatten(2).transpose(1, 2)  # (B, N, C); a view of a channels-last x
+        qkv = linear_act(self.qkv, x, enabled=fast).reshape(B, H * W, 3, self.num_heads, HEAD_DIM)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # 3 x (B, Hd, N, 32)
         x = attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
-        x = self.proj(x.transpose(1, 2).reshape(B, H * W, C))  # (B, N, C)
+        x = linear_act(self.proj, x.transpose(1, 2).reshape(B, H * W, C), enabled=fast)  # (B, N, C)
         return self.proj_drop(x).transpose(1, 2).reshape(B, C, H, W)
 
 
@@ -414,9 +434,13 @@ class ClassifierHead(nn.Module):
         """``(B, C, H, W)`` -> ``(B, C)`` (``catavgmax``: ``(B, 2C)``; ``""``: unchanged)."""
         if self.pool == "":
             return x
-        avg, amax = x.mean((2, 3)), x.amax((2, 3))
-        pooled = {"avg": avg, "max": amax, "avgmax": 0.5 * (avg + amax)}
-        return pooled[self.pool] if self.pool in pooled else torch.cat((avg, amax), dim=1)
+        if self.pool == "avg":  # (only the pool asked for: a max over (H, W) costs as much)
+            return x.mean((2, 3))
+        amax = x.amax((2, 3))
+        if self.pool == "max":
+            return amax
+        avg = x.mean((2, 3))
+        return 0.5 * (avg + amax) if self.pool == "avgmax" else torch.cat((avg, amax), dim=1)
 
     def forward(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         x = self.drop(self.global_pool(x))
@@ -427,6 +451,8 @@ class FastVit(nn.Module):
     """FastViT / MCi: stem, stages, ``final_conv``, head (see the module docstring). Build
     from a config (or its fields as keyword arguments); ``weight_init=False`` skips the
     random init."""
+
+    fast_inference = True  # channels-last input where that is faster (AVX-512)
 
     def __init__(
         self, config: FastVitConfig | None = None, *, weight_init: bool = True, **kwargs
@@ -509,7 +535,7 @@ class FastVit(nn.Module):
             raise ValueError(
                 f"expected an image batch (B, {self.config.in_chans}, H, W), got {tuple(x.shape)}"
             )
-        x = self.stem(x)
+        x = self.stem(channels_last(x, enabled=self.fast_inference and not self.training))
         for stage in self.stages:
             x = stage.pos_emb(stage.downsample(x))
             for blk in stage.blocks:

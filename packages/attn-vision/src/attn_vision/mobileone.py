@@ -24,19 +24,26 @@ checkpoints with. Parameter names are timm's, so its checkpoints load unchanged.
 An unfolded :class:`ConvNorm` runs through :func:`attn_core.fast_inference.conv_bn_act` (its
 ``fast_inference`` flag, switched by :func:`attn_core.fast_inference.enable` / ``disable``):
 one oneDNN convolution with the BatchNorm folded on the fly and the GELU fused where the fast
-path applies (~15% faster for an unfolded FastViT). Folded convolutions are plain
-``nn.Conv2d`` calls: with nothing left to fold, oneDNN's channels-last kernels measured no
-faster than PyTorch's (its depthwise ones up to 3x slower); except that a folded block's
-grouped conv with one input channel per group (the downsampling's, ``final_conv``) runs as
+path applies (~15% faster for an unfolded FastViT). Folded blocks, under the same flag:
+a grouped conv with one input channel per group (the downsampling's, ``final_conv``) runs as
 depthwise convs (:func:`attn_core.fast_inference.channel_multiplier_conv`, several times
-faster; the same ``fast_inference`` flag).
+faster), a 1x1 conv through :func:`attn_core.fast_inference.pointwise_conv` (a oneDNN product
+over the pixels of a channels-last input, the GELU fused), other GELUs in place
+(:func:`attn_core.fast_inference.inplace_act`); the other folded convolutions are plain
+``nn.Conv2d`` calls (on the AVX2 CPU tried, oneDNN's channels-last kernels measured no faster
+than PyTorch's with nothing left to fold, its depthwise ones up to 3x slower).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from attn_core.fast_inference import channel_multiplier_conv, conv_bn_act
+from attn_core.fast_inference import (
+    channel_multiplier_conv,
+    conv_bn_act,
+    inplace_act,
+    pointwise_conv,
+)
 from torch import nn
 
 from .channel_attention import SqueezeExcite
@@ -184,7 +191,9 @@ class MobileOneBlock(nn.Module):
     (timm's, reduction 1/16) before the GELU.
     """
 
-    fast_inference = True  # the folded conv (attn_core.fast_inference.channel_multiplier_conv)
+    # the folded path: attn_core.fast_inference.channel_multiplier_conv, pointwise_conv and
+    # inplace_act
+    fast_inference = True
 
     def __init__(
         self,
@@ -222,8 +231,11 @@ class MobileOneBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, C_in, H, W)`` -> ``(B, C_out, H / stride, W / stride)``."""
         if self.reparam_conv is not None:
-            x = channel_multiplier_conv(self.reparam_conv, x, enabled=self.fast_inference)
-            return self.act(self.se(x))
+            fast = self.fast_inference and not self.training
+            if self.kernel_size == 1 and isinstance(self.se, nn.Identity):
+                return pointwise_conv(self.reparam_conv, x, _act(self.act), enabled=fast)
+            x = channel_multiplier_conv(self.reparam_conv, x, enabled=fast)
+            return inplace_act(self.act, self.se(x), enabled=fast)
         out = self.identity(x) if self.identity is not None else 0
         if self.conv_scale is not None:
             out = out + self.conv_scale(x)
@@ -272,7 +284,8 @@ class ReparamLargeKernelConv(nn.Module):
     :class:`MobileOneBlock`; ``use_se``: a Squeeze-Excite with reduction 1/4). Folded: one
     ``reparam_conv`` (the small kernel padded to the large one)."""
 
-    fast_inference = True  # the folded conv (attn_core.fast_inference.channel_multiplier_conv)
+    # the folded path: attn_core.fast_inference.channel_multiplier_conv and inplace_act
+    fast_inference = True
 
     def __init__(
         self,
@@ -307,7 +320,7 @@ class ReparamLargeKernelConv(nn.Module):
         if self.reparam_conv is None:
             return self.act(self.se(self.large_conv(x) + self.small_conv(x)))
         x = channel_multiplier_conv(self.reparam_conv, x, enabled=self.fast_inference)
-        return self.act(self.se(x))
+        return inplace_act(self.act, self.se(x), enabled=self.fast_inference)
 
     @torch.no_grad()
     def reparameterize(self) -> None:
