@@ -347,8 +347,12 @@ def add_serve_commands(sub, ix: argparse.ArgumentParser, model: argparse.Argumen
     # fmt: off
     ix.add_argument("--export-embeddings", metavar="DIR",
                     help="then write clip-retrieval's img_emb/ + metadata/ layout to DIR")
-    sv = sub.add_parser("serve", parents=[model], help="serve indexes over clip-retrieval's "
-                        "HTTP API (/knn-service)", **fmt)
+    sv = sub.add_parser("serve", help="serve indexes over clip-retrieval's HTTP API "
+                        "(/knn-service)", **fmt)
+    sv.add_argument("--model", help="the index's model (checked; default: the recorded one)")
+    sv.add_argument("--pretrained", help="its weights (checked, as --model)")
+    sv.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
+    sv.add_argument("--precision", choices=PRECISIONS, default="fp32", help="weight precision")
     sv.add_argument("index", nargs="+", metavar="INDEX",
                     help="the index(es); clients name one by its file name without .idx")
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on")
@@ -371,7 +375,8 @@ def add_serve_commands(sub, ix: argparse.ArgumentParser, model: argparse.Argumen
     ex.add_argument("--rows-per-file", type=int, default=1_000_000, metavar="N",
                     help="embeddings per img_emb_N.npy / metadata_N.parquet")
     ex.add_argument("--json", action="store_true", help="machine-readable output")
-    ex.set_defaults(batch_size=1, workers=0)  # (main checks them for every command)
+    for command in (sv, ex):
+        command.set_defaults(batch_size=1, workers=0)  # (main checks them for every command)
     # fmt: on
 
 
