@@ -367,7 +367,7 @@ def test_four_concurrent_clients_on_10000_vectors(built):
 def test_export_writes_clip_retrievals_layout(built, tmp_path):
     import pyarrow.parquet as pq
 
-    folder, index, big_base, _ = built
+    folder, index, _, _ = built
     out = tmp_path / "emb"
     result = export_embeddings(index.base, out, rows_per_file=4)
     assert (result.rows, result.files, result.dim) == (len(index), 3, 64)
@@ -385,10 +385,11 @@ def test_export_writes_clip_retrievals_layout(built, tmp_path):
     assert captions == {rel_name(*GALLERY[0]): "a red circle"}  # (not the link out)
     assert oct(out.stat().st_mode & 0o777) == oct(0o777 & ~_umask())
 
-    export_embeddings(big_base, out, rows_per_file=1000, dtype="float16")  # replaces it
+    export_embeddings(index.base, out, rows_per_file=1, dtype="float16")  # replaces it
     names = sorted(p.name for p in (out / "img_emb").iterdir())
-    assert names == [f"img_emb_{n:02d}.npy" for n in range(10)]  # zero-padded like clip-retrieval
-    assert np.load(out / "img_emb" / "img_emb_09.npy").dtype == np.float16
+    assert names == [f"img_emb_{n:02d}.npy" for n in range(11)]  # zero-padded like clip-retrieval
+    last = np.load(out / "img_emb" / "img_emb_10.npy")
+    np.testing.assert_array_equal(last, index.embeddings.embeddings[10:].numpy().astype(np.float16))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["emb"]  # no temporary folder left
 
     (tmp_path / "other").mkdir()
