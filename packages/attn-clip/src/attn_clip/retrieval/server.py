@@ -443,9 +443,10 @@ class BodyLimit:
 # -- running it --------------------------------------------------------------------------------
 
 
-def listen(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on ``host:port`` (0: a free port), or a ``RetrievalError``
-    saying why not (port in use, address not available, ...)."""
+def listen(host: str, port: int, *, start: bool = True) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (0: a free port; ``start=False``: bound
+    only, ``listen()`` is the caller's), or a ``RetrievalError`` saying why not (port in
+    use, address not available, ...)."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
         family, kind, proto, _, address = infos[0]
@@ -457,7 +458,8 @@ def listen(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
-        sock.listen(128)
+        if start:
+            sock.listen(128)
     except OSError as e:
         sock.close()
         raise RetrievalError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
@@ -501,12 +503,17 @@ def serve(
 ) -> None:
     """Serve ``index`` (see :func:`make_app`, which ``options`` go to) on ``host:port``
     until Ctrl-C / SIGTERM (then uvicorn finishes the requests under way and returns, and a
-    Ctrl-C is raised again as ``KeyboardInterrupt``). The index and its model are loaded and
-    the port bound before anything is served, so bad input raises first. ``threads``: torch
+    Ctrl-C is raised again as ``KeyboardInterrupt``). The port is bound, then the index and
+    its model are loaded, before anything is served, so bad input raises first. ``threads``: torch
     threads per query (default: torch's; 1 is fastest for small models on a busy machine).
     ``announce`` gets the line saying where it listens (default: printed on stderr)."""
-    app = make_app(index, **options)
-    sock = listen(host, port)
+    sock = listen(host, port, start=False)  # a busy port is said before the model loads
+    try:
+        app = make_app(index, **options)
+    except BaseException:
+        sock.close()
+        raise
+    sock.listen(128)
     if not LOG.handlers:  # reloads are logged next to uvicorn's lines
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
