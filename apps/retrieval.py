@@ -285,7 +285,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serve the indexes over clip-retrieval's clip back API until Ctrl-C (exit 130)."""
-    from attn_clip.retrieval.server import serve
+    from attn_clip.retrieval.server import listen, serve
 
     if not 0 <= args.port <= 65535 or args.max_body_mb <= 0 or args.reload_interval < 0:
         raise InputError("--port must be 0-65535, --max-body-mb > 0, --reload-interval >= 0")
@@ -302,11 +302,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise InputError(f"{e}; build it with: index DIR --out") from None
     path, manifest = next(iter(indexes.values()))
     check_requested_model(args, manifest.model, path)
-    model = load_recorded(args, manifest.model)  # (indexes of other models build their own)
-    serve({name: p for name, (p, _) in indexes.items()}, args.host, args.port,
-          threads=args.threads, model=model, device=args.device, precision=args.precision,
-          images=args.images, exact=args.exact, nprobe=args.nprobe,
-          max_body_bytes=int(args.max_body_mb * (1 << 20)),
+    sock = listen(args.host, args.port, start=False)  # a busy port: said before the model loads
+    try:
+        model = load_recorded(args, manifest.model)  # (indexes of other models: their own)
+    except BaseException:
+        sock.close()
+        raise
+    serve({name: p for name, (p, _) in indexes.items()}, sock=sock, threads=args.threads,
+          model=model, device=args.device, precision=args.precision, images=args.images,
+          exact=args.exact, nprobe=args.nprobe, max_body_bytes=int(args.max_body_mb * (1 << 20)),
           reload_interval=args.reload_interval)  # fmt: skip
     return 0
 

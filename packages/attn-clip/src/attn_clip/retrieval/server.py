@@ -499,6 +499,7 @@ def serve(
     log_level: str = "info",
     access_log: bool = True,
     announce: Callable[[str], None] | None = None,
+    sock: socket.socket | None = None,
     **options: Any,
 ) -> None:
     """Serve ``index`` (see :func:`make_app`, which ``options`` go to) on ``host:port``
@@ -506,8 +507,10 @@ def serve(
     Ctrl-C is raised again as ``KeyboardInterrupt``). The port is bound, then the index and
     its model are loaded, before anything is served, so bad input raises first. ``threads``: torch
     threads per query (default: torch's; 1 is fastest for small models on a busy machine).
-    ``announce`` gets the line saying where it listens (default: printed on stderr)."""
-    sock = listen(host, port, start=False)  # a busy port is said before the model loads
+    ``announce`` gets the line saying where it listens (default: printed on stderr);
+    ``sock``: a socket bound by :func:`listen` (``start=False``) to serve on instead of
+    ``host:port`` (closed here too)."""
+    sock = sock or listen(host, port, start=False)  # a busy port: said before the model loads
     try:
         app = make_app(index, **options)
     except BaseException:
