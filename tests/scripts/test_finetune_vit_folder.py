@@ -50,11 +50,11 @@ def transformers_folder(tmp: Path) -> Path:
     return tmp / "transformers"
 
 
-@pytest.fixture(scope="module", params=["attn_vision", "transformers"])
-def folder(request, tmp_path_factory) -> Path:
-    """A model folder with 5 classes (the data has 24)."""
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, Path]:
+    """Both kinds of model folder, with 5 classes (the data has 24)."""
     tmp = tmp_path_factory.mktemp("finetune_folder")
-    return {"attn_vision": vision_folder, "transformers": transformers_folder}[request.param](tmp)
+    return {"attn_vision": vision_folder(tmp), "transformers": transformers_folder(tmp)}
 
 
 def run_args(data: Path, folder: Path) -> list[str]:
@@ -64,8 +64,11 @@ def run_args(data: Path, folder: Path) -> list[str]:
     return [*args, "--ema-decay", "0.9", "--layer-decay", "0.8", "--drop-path", "0.1"]
 
 
-def test_the_folder_brings_its_weights_and_gets_a_new_head(fv, data, folder):
+@pytest.mark.parametrize("kind", ["attn_vision", "transformers"])
+def test_the_folder_brings_its_weights_and_gets_a_new_head(fv, data, folders, kind):
     import attn_vision
+
+    folder = folders[kind]
 
     args = fv.build_parser().parse_args([*run_args(data, folder), "--out", "unused"])
     model = fv.build_model(args, num_classes=24)
@@ -79,9 +82,11 @@ def test_the_folder_brings_its_weights_and_gets_a_new_head(fv, data, folder):
         torch.testing.assert_close(ours[k], theirs[k], rtol=0, atol=0, msg=k)
 
 
-def test_fine_tunes_and_a_killed_run_resumes_to_the_same_weights(fv, data, folder, tmp_path):
+def test_fine_tunes_and_a_killed_run_resumes_to_the_same_weights(fv, data, folders, tmp_path):
+    """From the transformers folder (the fit loop is the same for every model)."""
     import attn_vision
 
+    folder = folders["transformers"]
     argv = run_args(data, folder)
     straight = tmp_path / "straight"
     assert fv.main([*argv, "--out", str(straight)])["step"] == 6
@@ -99,7 +104,8 @@ def test_fine_tunes_and_a_killed_run_resumes_to_the_same_weights(fv, data, folde
     torch.testing.assert_close(model.state_dict(), weights(straight / "last"))
 
 
-def test_a_folder_with_a_checkpoint_file_is_one_line_and_2(fv, data, folder, tmp_path, capsys):
+def test_a_folder_with_a_checkpoint_file_is_one_line_and_2(fv, data, folders, tmp_path, capsys):
+    folder = folders["transformers"]
     argv = [*run_args(data, folder), "--pretrained", str(folder / "model.safetensors")]
     code, lines = cli(lambda: fv.main([*argv, "--out", str(tmp_path / "run")]), capsys)
     assert code == 2 and len(lines) == 1 and "brings its own weights" in lines[0], lines
