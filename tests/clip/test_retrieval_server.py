@@ -244,6 +244,9 @@ def test_bad_input_is_a_4xx_json_error(built, client):
 
     error(post({"image": "not base64!"}), 400, "image is not valid base64")
     error(post({"image": "data:image/png,abc"}), 400, "base64")
+    inside = str(built[0] / rel_name(*GALLERY[0]))  # a path is not read: it is not base64
+    error(post({"image": inside}), 400, "image is not valid base64")
+    error(post({"image": "/etc/passwd/abcd"}), 400, "not an image")  # (decodes to noise)
     error(post({"image": base64.b64encode(b"no image here").decode()}), 400, "not an image")
     error(post({"image_url": "http://example.com/a.jpg"}), 400, "does not fetch URLs")
     error(post({}), 400, "nothing to search for")
