@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import finetune_vit as fv  # scripts/finetune_vit.py
 import pytest
 import torch
 from _support.scripts import assert_same_weights, cli, events, killed_at, weights
@@ -15,13 +16,6 @@ from attn_train import read_progress
 
 # the folder's ViT: 2 blocks of 2 x 16-channel heads at 32 px (4 x 4 patches), 5 classes
 TINY_VIT = dict(img_size=32, patch_size=8, depth=2, embed_dim=32, num_heads=2, num_classes=5)
-
-
-@pytest.fixture(scope="module")
-def fv():
-    import finetune_vit
-
-    return finetune_vit
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +59,7 @@ def run_args(data: Path, folder: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("kind", ["attn_vision", "transformers"])
-def test_the_folder_brings_its_weights_and_gets_a_new_head(fv, data, folders, kind):
+def test_the_folder_brings_its_weights_and_gets_a_new_head(data, folders, kind):
     import attn_vision
 
     folder = folders[kind]
@@ -82,7 +76,7 @@ def test_the_folder_brings_its_weights_and_gets_a_new_head(fv, data, folders, ki
         torch.testing.assert_close(ours[k], theirs[k], rtol=0, atol=0, msg=k)
 
 
-def test_fine_tunes_and_a_killed_run_resumes_to_the_same_weights(fv, data, folders, tmp_path):
+def test_fine_tunes_and_a_killed_run_resumes_to_the_same_weights(data, folders, tmp_path):
     """From the transformers folder (the fit loop is the same for every model)."""
     import attn_vision
 
@@ -104,7 +98,7 @@ def test_fine_tunes_and_a_killed_run_resumes_to_the_same_weights(fv, data, folde
     torch.testing.assert_close(model.state_dict(), weights(straight / "last"))
 
 
-def test_a_folder_with_a_checkpoint_file_is_one_line_and_2(fv, data, folders, tmp_path, capsys):
+def test_a_folder_with_a_checkpoint_file_is_one_line_and_2(data, folders, tmp_path, capsys):
     folder = folders["transformers"]
     argv = [*run_args(data, folder), "--pretrained", str(folder / "model.safetensors")]
     code, lines = cli(lambda: fv.main([*argv, "--out", str(tmp_path / "run")]), capsys)
