@@ -36,7 +36,14 @@ import numpy as np
 
 from .errors import RetrievalError
 
-__all__ = ["MAX_CAPTION_BYTES", "ExportResult", "export_embeddings", "file_below", "read_caption"]
+__all__ = [
+    "MAX_CAPTION_BYTES",
+    "ExportResult",
+    "check_export_folder",
+    "export_embeddings",
+    "file_below",
+    "read_caption",
+]
 
 MAX_CAPTION_BYTES = 64 << 10  # a caption file is read up to this size
 EXPORT_PARTS = ("img_emb", "metadata")
@@ -68,6 +75,8 @@ def read_caption(root: Path, image: Path) -> str | None:
 
 @dataclass
 class ExportResult:
+    """What :func:`export_embeddings` wrote."""
+
     folder: Path
     rows: int
     files: int
