@@ -18,8 +18,8 @@ same weights.
   computed once. ``weights alone (a bound)`` (batch 1 and 8) is no decoding at all: the image
   tower, then per step only the products whose weights a cached step must read (every text
   and decoder block's, the cross-attention queries' and the vocabulary projection, on that
-  many rows: MKL's ``F.linear`` for the blocks, oneDNN's packed product for the projection,
-  the faster of the two for each at one row). One step of one caption streams ~530 MB of
+  many rows, on the kernels ours runs them on at one row: MKL's ``F.linear`` for the blocks,
+  oneDNN's packed product for the projection). One step of one caption streams ~530 MB of
   fp32 weights; on a memory-bound CPU no exact decoder can be faster than this row, so
   ``open_clip / bound`` is the most any fp32 decoder can reach there.
 * The batch-1 step split: ``generate`` with forward hooks that stamp the clock where a step

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import run
-from benchmarks.investigations import op_profile, products
+from benchmarks.investigations import caption_step, op_profile, products
 
 ROOT = Path(__file__).resolve().parents[2]
 ONE = ["--quick", "--repeats", "1", "--threads", "1"]  # tiny ops are not worth a second thread
@@ -225,3 +225,16 @@ def test_op_profile_lists_ours_next_to_openvino(tiny_openvino):
     assert "Linear (matrix products of the weights)" in kinds and "layer norm" in kinds
     assert any("_linear_pointwise" in r for r in rows)  # ours' ops
     assert any("FullyConnected" in r for r in rows)  # OpenVINO's node types
+
+
+def test_caption_step_investigation_runs_every_variant(capsys):
+    """investigations.caption_step --quick: the three decoders give the same tokens (else it
+    exits) and every variant prints its CPU time."""
+    caption_step.main(["--quick", "--repeats", "1"])
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split("  ")[0] for line in lines] == [
+        "shipped", "fused blocks at one row", "math attention",
+        "block products, MKL F.linear", "block products, oneDNN packed",
+        "vocabulary projection, MKL F.linear", "vocabulary projection, oneDNN packed",
+    ]  # fmt: skip
+    assert all(" ms CPU per " in line for line in lines)
