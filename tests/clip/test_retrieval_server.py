@@ -412,3 +412,21 @@ def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+def test_an_image_only_index_answers_images_and_refuses_text(tmp_path):
+    """An index of an image-only attn_vision backbone (a 1-block DINOv2 at 28 px): image
+    queries as the library's search, a text query a 400 naming the reason."""
+    import attn_vision
+
+    model = attn_vision.create_model("vit_small_patch14_dinov2", img_size=28, depth=1,
+                                     embed_dim=32, num_heads=2, init_values=1.0)  # fmt: skip
+    folder = attn_vision.save_pretrained(model, tmp_path / "dino")
+    gallery = make_gallery(tmp_path / "gallery", GALLERY[:4])
+    index = RetrievalIndex.create(tmp_path / "dino.idx", str(folder), device="cpu")
+    index.update(gallery, progress=False, workers=0)
+    with BackgroundServer(make_app(tmp_path / "dino.idx", model=index.model)) as server:
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            query = gallery / rel_name(*GALLERY[2])
+            same_hits(knn(client, image=b64(query), num_images=3), index.search(query, k=3))
+            error(client.post("/knn-service", json={"text": "a red circle"}), 400, "no text tower")
