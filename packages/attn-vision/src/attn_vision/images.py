@@ -38,6 +38,7 @@ __all__ = [
     "MAX_FILE_BYTES",
     "MAX_SIDE",
     "ImageError",
+    "decode_image",
     "check_folder",
     "find_images",
     "iter_images",
@@ -94,12 +95,12 @@ def load_image_file(path: str | os.PathLike, draft: int | None = None) -> tuple[
     ``draft`` (the model's input side) at the smallest scale whose shorter side stays
     >= ``draft``."""
     data = _read(path)
-    return _decode(data, path, draft), hashlib.sha256(data).hexdigest()
+    return decode_image(data, path, draft), hashlib.sha256(data).hexdigest()
 
 
 def open_image(path: str | os.PathLike, draft: int | None = None) -> Image.Image:
     """:func:`load_image_file` without the hash (what training data sets read)."""
-    return _decode(_read(path), path, draft)
+    return decode_image(_read(path), path, draft)
 
 
 def _read(path: str | os.PathLike) -> bytes:
@@ -119,7 +120,10 @@ def _read(path: str | os.PathLike) -> bytes:
     return data
 
 
-def _decode(data: bytes, path: str | os.PathLike, draft: int | None) -> Image.Image:
+def decode_image(data: bytes, path: str | os.PathLike, draft: int | None = None) -> Image.Image:
+    """Decode image file bytes (``path`` names them in errors) with the checks and draft
+    scaling of :func:`load_image_file`: the one decoder for files, shard members and
+    uploaded bytes."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)

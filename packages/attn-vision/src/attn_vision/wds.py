@@ -53,7 +53,7 @@ from typing import Any
 
 from PIL import Image
 
-from .images import MAX_FILE_BYTES, ImageError, _decode
+from .images import MAX_FILE_BYTES, ImageError, decode_image
 
 __all__ = [
     "CAPTION_EXTENSIONS",
@@ -273,7 +273,7 @@ def sample_image(sample: dict[str, Any], draft: int | None = None) -> Image.Imag
         fields = ", ".join(k for k in sample if not k.startswith("__")) or "none"
         raise BadSample(f"{_where(sample)}: no image ({'/'.join(IMAGE_EXTENSIONS)}; has {fields})")
     try:
-        return _decode(sample[ext], f"{sample['__key__']}.{ext}", draft)
+        return decode_image(sample[ext], f"{sample['__key__']}.{ext}", draft)
     except ImageError as e:
         raise BadSample(f"{sample.get('__url__', '?')}: {e}") from None
 

@@ -364,9 +364,9 @@ def make_app(
         query = parse_knn_body(await json_body(request))
         picture = None
         if query.image is not None:  # decoded in a thread (a large image takes a while)
-            from attn_vision.images import _decode  # the one image decoder, on bytes
+            from attn_vision.images import decode_image
 
-            picture = await run_in_threadpool(_decode, query.image, "image", None)
+            picture = await run_in_threadpool(decode_image, query.image, "image", None)
         # the model and the search run here, one query at a time: handing them to a thread
         # cost more than they take (measured: benchmarks section server)
         results, snap = knn(query, picture)
