@@ -7,6 +7,7 @@
     uv run apps/retrieval.py eval --csv captions.csv                    # recall@1/5/10
     uv run apps/retrieval.py search photos.idx --text "海滩上的狗" --language zh
     uv run apps/retrieval.py index photos/ --out dino.idx --model hf-hub:facebook/dinov2-small
+    uv run apps/retrieval.py index 'data/{00000..00009}.tar' --out data.idx   # webdataset
 
 ``--model`` is a CLIP (an open_clip name with ``--pretrained TAG``, ``hf-hub:ID``, a folder;
 default ViT-B-32 / openai) or an image-only attn_vision backbone (DINOv2, ViT, Swin, ...:
@@ -33,6 +34,12 @@ Texts may be in any language the model knows (the multilingual XLM-R / mT5 / NLL
 ``search`` and ``eval`` take --language CODE (NLLB code or ISO 639-1: zho_Hans, zh, de, ...),
 which an NLLB model's tokenizer reads the texts as (other tokenizers have no language token:
 a line on stderr says so). The index itself holds image embeddings only: no language.
+
+``index`` also reads webdataset tar shards (img2dataset's layout; a brace-expanded,
+``::``-joined list of ``.tar`` files, quoted): each sample's id is ``shard/key``, its caption
+(``txt``) is kept and shown beside its hits, ``--update`` embeds only new and changed shards
+(size and mtime, or SHA-256), bad samples are skipped and counted in one line, and under
+``torchrun`` the shards are dealt to the ranks.
 
 Bad input (unreadable index, missing query image, empty query, unknown model, weights not
 available offline, a CSV without image / caption columns) prints one line on stderr and
@@ -166,9 +173,12 @@ def shown(path: Path) -> str:
 
 def cmd_index(args: argparse.Namespace) -> int:
     from attn_clip.retrieval import AnnOptions, RetrievalIndex
+    from attn_clip.retrieval.tars import is_shard_list, list_tars
 
-    root = Path(args.dir)
-    check_folder(root)
+    if is_shard_list(args.dir):
+        list_tars(args.dir)  # (a missing shard: said before the model loads)
+    else:
+        check_folder(Path(args.dir))
     base = index_base(args.out)
     if not base.parent.is_dir():
         raise InputError(f"--out: folder {base.parent} does not exist")
@@ -190,7 +200,7 @@ def cmd_index(args: argparse.Namespace) -> int:
     ann = AnnOptions(args.ann, args.ann_threshold, args.ann_memory, args.ann_factory)
     try:
         result = index.update(
-            root, batch_size=args.batch_size, workers=args.workers, ann=ann,
+            args.dir, batch_size=args.batch_size, workers=args.workers, ann=ann,
             shard_size=args.shard_size, warn=lambda m: warn(m),
             load_model=lambda record: load_recorded(args, record),
         )  # fmt: skip
@@ -224,15 +234,16 @@ def cmd_search(args: argparse.Namespace) -> int:
                               nprobe=args.nprobe, batch_size=args.batch_size)  # fmt: skip
     queries = [("text", t) for t in args.text] + [("image", p) for p in args.image]
     for (kind, query), hits in zip(queries, found, strict=True):
-        listed = [{"path": shown(h.path), "score": h.score}
-                  | ({"prob": h.prob} if h.prob is not None else {}) for h in hits]  # fmt: skip
+        listed = [listed_hit(h) | ({"prob": h.prob} if h.prob is not None else {})
+                  for h in hits]  # fmt: skip
         if args.json:
             print(json.dumps({"query": query, "type": kind, "hits": listed}, ensure_ascii=False))
             continue
         print(f"{kind}: {query}")
         for rank, hit in enumerate(listed, 1):
             prob = f"  p(match) {100 * hit['prob']:6.2f}%" if "prob" in hit else ""
-            print(f"  {rank:>3}  {hit['score']:.4f}{prob}  {hit['path']}")
+            where = hit.get("path") or f"{hit['id']}  {hit.get('caption', '')}".rstrip()
+            print(f"  {rank:>3}  {hit['score']:.4f}{prob}  {where}")
         print()
     if args.grid:
         from attn_clip.retrieval import contact_sheet
@@ -242,6 +253,14 @@ def cmd_search(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"contact sheet saved to {args.grid}")
     return 0
+
+
+def listed_hit(hit) -> dict:
+    """A hit as printed: a file's path, or a shard sample's id, shard and caption."""
+    if hit.key is None:
+        return {"path": shown(hit.path), "score": hit.score}
+    caption = {"caption": hit.caption} if hit.caption is not None else {}
+    return {"id": hit.id, "shard": shown(hit.path), **caption, "score": hit.score}
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -416,9 +435,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     sub = p.add_subparsers(dest="command")
     fmt = {"formatter_class": HelpFormatter}
     ix = sub.add_parser("index", parents=[model], help="embed every image under a folder", **fmt)
-    ix.add_argument("dir", help="folder of images (searched recursively)")
+    ix.add_argument("dir", help="folder of images (searched recursively), or webdataset "
+                    "shards: 'DIR/{00000..00009}.tar'")  # fmt: skip
     ix.add_argument("--out", required=True, metavar="INDEX", help="index path (no extension)")
-    ix.add_argument("--update", action="store_true", help="embed only new or changed files")
+    ix.add_argument("--update", action="store_true",
+                    help="embed only new or changed files (shards)")  # fmt: skip
     an = ix.add_argument_group("approximate search (faiss)")
     # fmt: off
     an.add_argument("--ann", choices=("auto", "on", "off"), default="auto",

@@ -1,5 +1,6 @@
 """apps/retrieval.py at scale: ``index`` under ``torchrun`` (2 CPU processes, gloo) writes
-the index one process writes, updates it, and reports bad input once -- all in ONE torchrun
+the index one process writes (of a folder, and of webdataset shards dealt to the ranks),
+updates it, and reports bad input once -- all in ONE torchrun
 launch whose rank 0 writes what each case printed; shard planning, writing, merging and
 resuming a killed run shard by shard in process; the approximate (faiss) index built,
 searched, replaced with its generation and refused when corrupt."""
@@ -89,9 +90,18 @@ def errors(err: str) -> list[str]:
 @pytest.mark.slow
 def test_torchrun_cases(images, single, tmp_path):
     """2 ranks: the index equals one process's; --update embeds only a new file; bad input
-    is one line from rank 0 (the other rank exits 0 quietly). (~20 s: the launch and two
+    is one line from rank 0 (the other rank exits 0 quietly); 3 webdataset shards of the
+    same images: the shard index one process writes. (~20 s: the launch and two
     interpreters importing torch and loading the model; every torchrun case shares them.)"""
+    from attn_vision.wds import ShardWriter
+
     base, plus, updated = tmp_path / "idx", tmp_path / "images_plus", tmp_path / "up"
+    with ShardWriter(tmp_path / "tars", shard_size=5, image_format="png") as writer:
+        for path in sorted(images.rglob("*.png")):
+            if path.name != "broken.png":
+                writer.write(Image.open(path), path.stem)
+    tars, one_tars = tmp_path / "tars" / "{00000..00002}.tar", tmp_path / "one_tars"
+    assert call(retrieval.main, *index_argv(tars, one_tars)).code == 0
     shutil.copytree(images, plus)  # the same files (and mtimes), and one more
     Image.new("RGB", (50, 50), "navy").save(plus / "navy.png")
     for f in single.parent.glob("idx.*"):  # a copy of the one-process index, to update
@@ -100,6 +110,7 @@ def test_torchrun_cases(images, single, tmp_path):
         index_argv(images, base, "--shard-size", "3", "--json"),  # 3 -> 4: whole batches
         index_argv(plus, updated, "--update", "--json"),
         ["index", str(tmp_path / "nowhere"), "--out", str(tmp_path / "nothing")],
+        index_argv(tars, tmp_path / "tars_idx", "--json"),
     ]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -110,7 +121,7 @@ def test_torchrun_cases(images, single, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    first, update, bad = json.loads((tmp_path / "rank0.json").read_text())
+    first, update, bad, by_tars = json.loads((tmp_path / "rank0.json").read_text())
     others = json.loads((tmp_path / "rank1.json").read_text())
 
     assert first["code"] == 0, first["err"]
@@ -132,6 +143,13 @@ def test_torchrun_cases(images, single, tmp_path):
     assert bad["code"] == 2 and others[2]["code"] == 0 and errors(others[2]["err"]) == []
     assert errors(bad["err"]) == [f"error: image folder not found: {tmp_path / 'nowhere'}"]
     assert not list(tmp_path.glob("nothing*"))
+
+    assert by_tars["code"] == 0 and others[3]["code"] == 0, by_tars["err"] + others[3]["err"]
+    summary = json.loads(by_tars["out"])
+    assert (summary["ranks"], summary["shards"], summary["images"]) == (2, 3, 13), summary
+    assert_same_index(one_tars, tmp_path / "tars_idx")
+    assert load_index_set(one_tars)[0].shards == load_index_set(tmp_path / "tars_idx")[0].shards
+    assert shard_files(tmp_path / "tars_idx") == []
 
 
 # -- shards in process ------------------------------------------------------------------------
@@ -155,7 +173,7 @@ def test_shard_plan_keys_and_files(tmp_path):
                [rels[2], 10, 6, "cd", None]]  # fmt: skip
     embs = [torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])]
     write_shard(path, keys[1], results, embs)
-    got, emb = read_shard(path, keys[1], rels)
+    got, emb, _ = read_shard(path, keys[1], rels)
     assert got == results and torch.equal(emb, torch.stack(embs))
     assert read_shard(path, keys[0], rels) is None  # another key
     assert read_shard(path, keys[1], rels[::-1]) is None  # other files

@@ -16,6 +16,12 @@ models), searched by image only::
     index.update("photos/")
     hits = index.search(Path("query.jpg"), k=5)   # a text query: RetrievalError
 
+Webdataset tar shards index as well (:mod:`.tars`: ids ``shard/key``, captions kept)::
+
+    index.update("data/{00000..00009}.tar")
+    hit = index.search("a red circle")[0]       # hit.id "00003/000030012", hit.caption,
+                                                # hit.path the tar, hit.key its sample
+
 The files are the retrieval app's (``apps/retrieval.py index`` writes the same index).
 """
 
@@ -39,6 +45,7 @@ from .manifest import Manifest, index_base
 from .options import AnnOptions, rank_device, torchrun_rank
 from .shards import update_distributed
 from .store import index_lock, load_index_set
+from .tars import is_shard_list, list_tars, update_tars
 from .update import UpdateResult, update_folder
 
 __all__ = ["Hit", "RetrievalIndex"]
@@ -50,10 +57,12 @@ Query = str | os.PathLike | Any  # a text, an image file (a Path), or a PIL imag
 class Hit:
     """One search result."""
 
-    id: str  # the file's path relative to the indexed folder
-    path: Path  # where the file is (the folder + id)
+    id: str  # the file's path relative to the indexed folder (shards: "shard/key")
+    path: Path  # where the file is (the folder + id; shards: the tar file)
     score: float  # cosine similarity
     prob: float | None = None  # SigLIP models, text queries: sigmoid p(match)
+    caption: str | None = None  # shards: the sample's caption (txt), when it has one
+    key: str | None = None  # shards: the sample's key in the tar at ``path``
 
 
 def _warn(message: str) -> None:
@@ -166,7 +175,8 @@ class RetrievalIndex:
         warn: Callable[[str], None] = _warn,
         load_model: Callable[[ModelRecord], IndexModel] | None = None,
     ) -> UpdateResult | None:
-        """Bring the index up to date with ``folder`` (searched recursively): keep the rows
+        """Bring the index up to date with ``folder`` (searched recursively; or webdataset
+        tar shards, ``"data/{00000..00009}.tar"``: see :mod:`.tars`): keep the rows
         of unchanged files, embed new and changed ones, drop removed ones; write it as a new
         generation, holding the index's lock (``IndexBusyError`` when another process
         holds it). ``ann``: whether to add an approximate index (default: from 100,000
@@ -176,23 +186,28 @@ class RetrievalIndex:
         ``shard_size`` files, other ranks build the recorded model with ``load_model``
         (default :meth:`IndexModel.load` of its name and weights; its fingerprint is
         checked), and rank 0 alone gets the result (the others None)."""
-        root = Path(folder)
-        check_folder(root)
-        root = root.resolve()
+        tars = None
+        if is_shard_list(folder):
+            root, tars = list_tars(folder)
+        else:
+            root = Path(folder)
+            check_folder(root)
+            root = root.resolve()
         ann = ann or AnnOptions()
+        how = {"ann_options": ann, "batch_size": batch_size, "workers": workers, "warn": warn}
         if torchrun_rank() is not None:
             load = load_model or self._load_on_rank
-            result = update_distributed(
-                self.base, root, lambda: self.model, self._reload, load, ann_options=ann,
-                batch_size=batch_size, workers=workers, shard_size=shard_size, warn=warn,
-            )  # fmt: skip
+            result = update_distributed(self.base, root, lambda: self.model, self._reload, load,
+                                        shard_size=shard_size, tars=tars, **how)  # fmt: skip
         else:
             with index_lock(self.base):
                 old = self._reload()
-                result = update_folder(
-                    self.base, root, self.model, old, ann_options=ann, batch_size=batch_size,
-                    workers=workers, progress=progress, warn=warn,
-                )  # fmt: skip
+                if tars is not None:
+                    result = update_tars(self.base, os.fspath(folder), self.model, old,
+                                         progress=progress, **how)  # fmt: skip
+                else:
+                    result = update_folder(self.base, root, self.model, old, progress=progress,
+                                           **how)  # fmt: skip
         if result is not None:
             self.manifest, self.embeddings = result.manifest, result.embeddings
         return result
@@ -218,8 +233,8 @@ class RetrievalIndex:
         """``{absolute path: embedding}`` of the indexed files still as they were indexed
         (same size and mtime): what need not be embedded again."""
         out = {}
-        if self.manifest is None or self.embeddings is None:
-            return out
+        if self.manifest is None or self.embeddings is None or self.manifest.shards is not None:
+            return out  # (a shard index's samples are no files)
         for row, rel in enumerate(self.embeddings.ids):
             p, info = self.root / rel, self.manifest.files[rel]
             st = p.stat() if p.is_file() else None
@@ -270,12 +285,10 @@ class RetrievalIndex:
         found = self.embeddings.search(q, k=k, exact=exact, nprobe=nprobe)
         model = self.model
         probs = match_probability(model.model, found.scores) if model.has_text else None
-        root = self.root
         return [
             [
-                Hit(
+                self._hit(
                     rel,
-                    root / rel,
                     float(found.scores[i, j]),
                     float(probs[i, j]) if probs is not None and isinstance(query, str) else None,
                 )  # fmt: skip
@@ -283,6 +296,13 @@ class RetrievalIndex:
             ]
             for i, (query, ids) in enumerate(zip(queries, found.ids, strict=True))
         ]
+
+    def _hit(self, id: str, score: float, prob: float | None) -> Hit:
+        """A hit on ``id``: a file below the folder, or a shard index's sample (its tar)."""
+        tar = self.manifest.shard_file(id)
+        if tar is None:
+            return Hit(id, self.root / id, score, prob)
+        return Hit(id, tar, score, prob, self.manifest.caption(id), id.split("/", 1)[1])
 
     def search(self, query: Query, k: int = 10, **kwargs) -> list[Hit]:
         """The top-``k`` images for a text (``str``; not with an image-only model) or an image

@@ -27,7 +27,7 @@ from .backbone import load_backbone, model_kind, pooled
 from .errors import RetrievalError
 from .fingerprint import KINDS, PROBE_TEXT, ModelRecord, describe_model, probe_image
 
-__all__ = ["IndexModel", "embed_files", "embed_images", "read_ahead"]
+__all__ = ["IndexModel", "draft_size", "embed_files", "embed_images", "embed_stream", "read_ahead"]
 
 
 @dataclass
@@ -158,25 +158,39 @@ def embed_images(
     from tqdm import tqdm
 
     bar = tqdm(total=len(paths), unit="img", desc=desc, disable=None if progress else True)
-    side = max(getattr(model.preprocess, "size", None) or (0,))
-    stream = iter_images(paths, workers, transform=model.preprocess, draft=side or None)
+    stream = iter_images(paths, workers, transform=model.preprocess, draft=draft_size(model))
+    try:
+        yield from embed_stream(model, stream, batch_size=batch_size, workers=workers, bar=bar)
+    finally:
+        bar.close()
+
+
+def draft_size(model: IndexModel) -> int | None:
+    """The smallest side a JPEG may be decoded at for ``model``'s input (None: full size)."""
+    return max(getattr(model.preprocess, "size", None) or (0,)) or None
+
+
+def embed_stream(
+    model: IndexModel, stream: Iterator[tuple], *, batch_size: int, workers: int, bar: Any
+) -> Iterator[tuple[Any, torch.Tensor | None, Any, str | None]]:
+    """Embed ``(item, model input or None, extra, error or None)`` tuples in batches (read
+    ``2 * batch_size`` ahead by a thread when ``workers``) and yield ``(item, embedding (E,)
+    or None, extra, error)`` in order, counting them on the tqdm ``bar``."""
     if workers > 0:
         stream = read_ahead(stream, 2 * batch_size)
     try:
         while batch := list(itertools.islice(stream, batch_size)):
-            good = [(p, x, h) for p, x, h, err in batch if err is None]
+            good = [x for _, x, _, err in batch if err is None]
             embs = []
             if good:
-                x = torch.stack([x for _, x, _ in good]).to(model.device)
                 with torch.no_grad():
-                    embs = model.encode_images(x).float().cpu()
+                    embs = model.encode_images(torch.stack(good).to(model.device)).float().cpu()
             it = iter(embs)
             for p, _, h, err in batch:
                 yield (p, None, None, err) if err is not None else (p, next(it), h, None)
             bar.update(len(batch))
     finally:
         stream.close()
-        bar.close()
 
 
 def embed_files(

@@ -5,8 +5,15 @@ file's size, mtime and SHA-256 (which an update compares to find new, changed an
 files), the files that could not be read (with the reason), and the generation of
 embeddings it names (``INDEX.g<N>.*``, see :mod:`.store`).
 
-Versions: 1 (no generation: the embeddings are ``INDEX.safetensors`` / ``.json``) and 2
-(``"generation": N``) are read; 2 is written.
+An index of webdataset tar shards (:mod:`.tars`) has ids ``shard/key`` instead of paths:
+``files`` maps each to ``{"shard", "caption"}`` (the caption when the sample has one),
+``skipped`` to ``{"shard", "error"}``, and ``shards`` each shard's name (its file name without
+``.tar``) to ``{"path", "size", "mtime_ns", "sha256", "samples"}`` (and ``"error"`` for a
+truncated shard): what an update compares.
+
+Versions: 1 (no generation: the embeddings are ``INDEX.safetensors`` / ``.json``), 2
+(``"generation": N``) and 3 (2 with ``"shards"``) are read; 2 is written for a folder, 3
+for shards (so a reader that knows only folders refuses a shard index).
 """
 
 from __future__ import annotations
@@ -20,10 +27,10 @@ from typing import Any
 from .errors import IndexFormatError, IndexNotFoundError
 from .fingerprint import ModelRecord
 
-__all__ = ["FORMAT", "VERSION", "Manifest", "index_base", "manifest_path"]
+__all__ = ["FORMAT", "SHARDS_VERSION", "VERSION", "Manifest", "index_base", "manifest_path"]
 
-FORMAT, VERSION = "attn-zoo.retrieval-manifest", 2
-READABLE_VERSIONS = (1, 2)
+FORMAT, VERSION, SHARDS_VERSION = "attn-zoo.retrieval-manifest", 2, 3
+READABLE_VERSIONS = (1, 2, 3)
 _KEYS = ("format", "version", "model", "root", "files", "skipped")
 
 
@@ -53,6 +60,7 @@ class Manifest:
     skipped: dict[str, dict[str, Any]] = field(default_factory=dict)
     generation: int | None = None  # None: a version-1 index (unversioned files)
     version: int = VERSION
+    shards: dict[str, dict[str, Any]] | None = None  # a shard index's shards (see above)
 
     @classmethod
     def read(cls, base: str | os.PathLike) -> Manifest:
@@ -89,14 +97,30 @@ class Manifest:
         generation = data.get("generation")
         if generation is not None and (not isinstance(generation, int) or generation < 1):
             raise IndexFormatError(f"{where}: a broken manifest (generation {generation!r})")
+        shards = data.get("shards")
+        if (data["version"] == SHARDS_VERSION) != isinstance(shards, dict):
+            raise IndexFormatError(f"{where}: a broken manifest (shards {type(shards).__name__})")
+        if shards is not None and not _shards_ok(shards, data["files"]):
+            raise IndexFormatError(f"{where}: a broken manifest (a sample of no listed shard)")
         return cls(ModelRecord.from_json(data["model"], where), data["root"], data["files"],
-                   data["skipped"], generation, data["version"])  # fmt: skip
+                   data["skipped"], generation, data["version"], shards)  # fmt: skip
+
+    def caption(self, id: str) -> str | None:
+        """The caption a shard index keeps for sample ``id`` (None: none, or a folder index)."""
+        return (self.files.get(id) or {}).get("caption") if self.shards is not None else None
+
+    def shard_file(self, id: str) -> Path | None:
+        """The tar file holding sample ``id`` of a shard index (None for a folder index):
+        the image of an id is read from there, never from a file named after the id."""
+        if self.shards is None or id not in self.files:
+            return None
+        return Path(self.shards[self.files[id]["shard"]]["path"])
 
     def to_json(self) -> dict[str, Any]:
         """The JSON written (always the current version)."""
         data = {
             "format": FORMAT,
-            "version": VERSION,
+            "version": VERSION if self.shards is None else SHARDS_VERSION,
             "model": self.model.to_json(),
             "root": self.root,
             "files": self.files,
@@ -104,4 +128,12 @@ class Manifest:
         }
         if self.generation is not None:
             data["generation"] = self.generation
+        if self.shards is not None:
+            data["shards"] = self.shards
         return data
+
+
+def _shards_ok(shards: dict, files: dict) -> bool:
+    """Every shard has a path, every sample names one of them."""
+    ok = all(isinstance(s, dict) and isinstance(s.get("path"), str) for s in shards.values())
+    return ok and all(isinstance(f, dict) and str(f.get("shard")) in shards for f in files.values())

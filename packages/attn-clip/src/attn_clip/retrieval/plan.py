@@ -3,6 +3,9 @@
 :func:`plan_update` compares a folder's image files with the old manifest: a file with the
 same size and mtime, or the same size and SHA-256 (copied or touched), keeps its row; an
 unreadable file that did not change is not retried; everything else is embedded.
+An index of webdataset shards is planned shard by shard (:func:`.tars.plan_tar_update`)
+into the same :class:`UpdatePlan`, whose :meth:`UpdatePlan.take_shard` records a shard's
+samples.
 :meth:`UpdatePlan.take` records each embedded (or unreadable) file, and
 :meth:`UpdatePlan.assemble` builds the new embeddings and manifest, sorted by path.
 """
@@ -42,6 +45,26 @@ class UpdatePlan:
     stats: dict[str, dict[str, int]] = field(default_factory=dict)  # rel -> size, mtime
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTS, 0))
     new: dict[str, torch.Tensor] = field(default_factory=dict)  # rel -> its new embedding
+    shards: dict[str, dict[str, Any]] | None = None  # a shard index: name -> its record
+
+    def take_shard(self, name: str, info: dict[str, Any], rows: list) -> list[str]:
+        """Record one embedded shard (``info``: its manifest record) and its samples, ``rows``
+        of ``(id, embedding or None, caption or None, error or None)``; returns the errors
+        (a repeated key is one: the sample is skipped)."""
+        old_files, errors = self.old.files if self.old else {}, []
+        self.shards[name] = info
+        for id, emb, caption, error in rows:
+            if error is None and (id in self.files or id in self.skipped):
+                error = f"{id}: a second sample with this key in {info['path']}"
+            if error is not None:
+                self.skipped.setdefault(id, {"shard": name, "error": error})
+                self.counts["skipped"] += 1
+                errors.append(error)
+                continue
+            self.counts["updated" if id in old_files else "added"] += 1
+            self.files[id] = {"shard": name} | ({"caption": caption} if caption else {})
+            self.new[id] = emb
+        return errors
 
     def take(self, rel: str, stat: dict, emb, digest: str | None, error: str | None) -> None:
         """Record one embedded (or, with ``error``, unreadable) file."""
@@ -57,9 +80,12 @@ class UpdatePlan:
     def assemble(self) -> tuple[EmbeddingIndex, Manifest]:
         """The new embeddings (kept rows + new ones, sorted by path) and their manifest."""
         if not self.files:
-            raise RetrievalError(
-                f"none of the {len(self.found)} image files under {self.root} could be read"
-            )
+            what = "image files" if self.shards is None else "shards"
+            raise RetrievalError(f"nothing in the {len(self.found)} {what} under {self.root} "
+                                 "could be read")  # fmt: skip
+        if self.shards is not None and self.old is not None:  # (a folder's plan counts them)
+            gone = (id not in self.files and id not in self.skipped for id in self.old.files)
+            self.counts["removed"] = sum(gone)
         dim = self.record.embed_dim
         order = sorted(self.files)
         emb = torch.empty(len(order), dim)
@@ -71,8 +97,9 @@ class UpdatePlan:
                 emb[i] = self.new[rel]
         index = EmbeddingIndex(dim=dim)
         index.add(emb, ids=order)
+        shards = None if self.shards is None else dict(sorted(self.shards.items()))
         manifest = Manifest(self.record, str(self.root), {rel: self.files[rel] for rel in order},
-                            dict(sorted(self.skipped.items())))  # fmt: skip
+                            dict(sorted(self.skipped.items())), shards=shards)  # fmt: skip
         return index, manifest
 
 

@@ -6,9 +6,11 @@ import os
 from pathlib import Path
 
 from attn_vision.images import ImageError, load_image_file
+from attn_vision.wds import BadSample
 from PIL import Image, ImageDraw, ImageFont, ImageOps
 
 from .api import Hit
+from .tars import sample_image_at
 
 __all__ = ["contact_sheet"]
 
@@ -27,10 +29,10 @@ def contact_sheet(rows: list[tuple[str | os.PathLike, list[Hit]]], thumb: int = 
     sheet = Image.new("RGB", (pad + cols * cell_w, pad + len(rows) * cell_h), "white")
     draw = ImageDraw.Draw(sheet)
 
-    def paste(path: Path, x: int, y: int) -> None:
-        try:
-            im = load_image_file(path)[0]
-        except ImageError:  # moved or deleted since indexing: a grey box
+    def paste(path: Path, x: int, y: int, key: str | None = None) -> None:
+        try:  # (a shard index's hit: sample ``key`` of the tar at ``path``)
+            im = load_image_file(path)[0] if key is None else sample_image_at(path, key)
+        except (ImageError, BadSample):  # moved or deleted since indexing: a grey box
             draw.rectangle([x, y, x + thumb - 1, y + thumb - 1], fill=(200, 200, 200))
             return
         im = ImageOps.contain(im, (thumb, thumb))
@@ -51,6 +53,6 @@ def contact_sheet(rows: list[tuple[str | os.PathLike, list[Hit]]], thumb: int = 
         draw.text((pad, y + thumb + 2), "query", fill=(90, 90, 90), font=font)
         for col, hit in enumerate(hits, 1):
             x = pad + col * cell_w
-            paste(hit.path, x, y)
+            paste(hit.path, x, y, hit.key)
             draw.text((x, y + thumb + 2), f"#{col}  {hit.score:.3f}", fill="black", font=font)
     return sheet
