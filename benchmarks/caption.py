@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from benchmarks.harness import Report, Timing, peak_memory_mb, random_fill_, time_interleaved
 
@@ -202,7 +203,6 @@ def _greedy(
 def weights_alone(model: Any, images: torch.Tensor, steps: int = STEPS) -> None:
     """The image tower, then ``steps`` times only the products a cached greedy step must
     read the weights of, on one row per image (a lower bound on a memory-bound CPU)."""
-    import torch.nn.functional as F
     from attn_core.fast_inference import linear_act
 
     dec = model.text_decoder
