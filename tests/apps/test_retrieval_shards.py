@@ -30,7 +30,7 @@ def add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 def shards(tmp_path_factory) -> Path:
     """The 10 shapes in 3 shards of 4 (PNG, captioned ``a red circle`` ...) written by
     ShardWriter, and ``00003.tar`` written by tarfile: a sample without a caption (indexed),
-    a corrupt PNG and a caption without an image (both skipped)."""
+    a corrupt PNG, a caption without an image and ``nocap`` again (all three skipped)."""
     from attn_vision.wds import ShardWriter
 
     folder = tmp_path_factory.mktemp("wds") / "shards"
@@ -44,6 +44,7 @@ def shards(tmp_path_factory) -> Path:
         add_member(tar, "corrupt.png", buf.getvalue()[:60])
         add_member(tar, "corrupt.txt", b"a broken picture")
         add_member(tar, "noimg.txt", b"a caption alone")
+        add_member(tar, "nocap.png", buf.getvalue())  # the key again, after another one
     return folder
 
 
@@ -64,10 +65,10 @@ def test_ids_captions_and_bad_samples_counted_in_one_line(built, shards):
     from attn_clip.retrieval import load_index_set
 
     base, summary, err = built
-    assert (summary["images"], summary["added"], summary["skipped"]) == (11, 11, 2)
+    assert (summary["images"], summary["added"], summary["skipped"]) == (11, 11, 3)
     assert summary["shards"] == 4
     said = [line for line in err.splitlines() if line]
-    assert len(said) == 1 and said[0].startswith("warning: skipped 2 bad samples"), err
+    assert len(said) == 1 and said[0].startswith("warning: skipped 3 bad samples"), err
     assert "corrupt.png" in said[0]  # (the first of them)
     manifest, index = load_index_set(base)
     assert index.ids[:5] == ["00000/000000000", "00000/000000001", "00000/000000002",
@@ -76,7 +77,8 @@ def test_ids_captions_and_bad_samples_counted_in_one_line(built, shards):
     assert manifest.caption("00001/000010001") == "a green triangle"  # GALLERY[4 + 1]
     assert manifest.caption("00000/000000003") == "a blue square"
     assert manifest.caption("00003/nocap") is None
-    assert set(manifest.skipped) == {"00003/corrupt", "00003/noimg"}
+    assert set(manifest.skipped) == {"00003/corrupt", "00003/noimg"}  # (and 1 duplicate:)
+    assert manifest.shards["00003"]["duplicates"] == 1
     assert "no image" in manifest.skipped["00003/noimg"]["error"]
     assert manifest.shard_file("00002/000020001") == (shards / "00002.tar").resolve()
     assert manifest.shards["00002"]["samples"] == 2 and manifest.version == 3
@@ -119,6 +121,11 @@ def test_search_shows_ids_and_captions_never_a_file(built, tmp_path):
     with Image.open(grid) as sheet:  # the hits' thumbnails, read from their shard: not grey
         thumb = sheet.crop((8 + 168, 8, 8 + 168 + 160, 168)).convert("RGB")
         assert thumb.getcolors(1 << 16) is not None and len(thumb.getcolors(1 << 16)) > 1
+    from attn_clip.retrieval.tars import sample_image_bytes
+
+    with tarfile.open(hits[0]["shard"]) as tar:  # (read by tarfile, not by our reader)
+        stored = tar.extractfile(hits[0]["id"].split("/")[1] + ".png").read()
+    assert sample_image_bytes(hits[0]["shard"], hits[0]["id"].split("/")[1]) == stored
     text = call(retrieval.main, "search", base, "--text", "a blue square", "--top-k", "1").out
     assert text.splitlines()[1].endswith("  a blue square")  # id, then caption
 
@@ -154,7 +161,7 @@ def test_update_embeds_only_new_and_changed_shards(built, shards, tmp_path, monk
     assert sorted(embedded) == ["00001.tar", "00004.tar"]
     # 00001: 1 sample updated, 3 removed; 00004: 4 added; 00000, 00002, 00003: unchanged
     assert (summary["added"], summary["updated"], summary["removed"]) == (4, 1, 3), summary
-    assert (summary["unchanged"], summary["skipped"], summary["shards"]) == (7, 2, 5)
+    assert (summary["unchanged"], summary["skipped"], summary["shards"]) == (7, 3, 5)
     manifest, index = load_index_set(base)
     assert manifest.caption("00001/000010000") == "a new yellow star"
     kept = [i for i in old_ids if not i.startswith("00001/")]

@@ -49,15 +49,18 @@ class UpdatePlan:
 
     def take_shard(self, name: str, info: dict[str, Any], rows: list) -> list[str]:
         """Record one embedded shard (``info``: its manifest record) and its samples, ``rows``
-        of ``(id, embedding or None, caption or None, error or None)``; returns the errors
-        (a repeated key is one: the sample is skipped)."""
+        of ``(id, embedding or None, caption or None, error or None)``; returns the errors.
+        A repeated key is skipped too (counted in ``info["duplicates"]``: its id is the
+        first sample's)."""
         old_files, errors = self.old.files if self.old else {}, []
         self.shards[name] = info
         for id, emb, caption, error in rows:
-            if error is None and (id in self.files or id in self.skipped):
+            if id in self.files or id in self.skipped:
                 error = f"{id}: a second sample with this key in {info['path']}"
+                info["duplicates"] = info.get("duplicates", 0) + 1
+            elif error is not None:
+                self.skipped[id] = {"shard": name, "error": error}
             if error is not None:
-                self.skipped.setdefault(id, {"shard": name, "error": error})
                 self.counts["skipped"] += 1
                 errors.append(error)
                 continue

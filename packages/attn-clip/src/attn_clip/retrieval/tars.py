@@ -45,6 +45,7 @@ __all__ = [
     "list_tars",
     "plan_tar_update",
     "sample_image_at",
+    "sample_image_bytes",
     "take_tar",
     "tar_name",
     "update_tars",
@@ -111,6 +112,7 @@ def plan_tar_update(
             plan.stats[str(path)] = stat
             continue
         plan.shards[name] = {**prev, "path": str(path), **stat}
+        plan.counts["skipped"] += prev.get("duplicates", 0)
         for id in ids[name]:
             if id in old.files:
                 plan.files[id], plan.keep[id] = old.files[id], rows[id]
@@ -225,12 +227,26 @@ def update_tars(
     return write_update(base, plan, ann_options, warn, {"shards": len(paths)})
 
 
-def sample_image_at(tar: str | os.PathLike, key: str, draft: int | None = None):
-    """The image of sample ``key`` of the shard ``tar`` (a PIL image; e.g. a :class:`~.api.Hit`'s
-    ``path`` and ``key``); :class:`~attn_vision.wds.BadSample` when it is gone or does not
-    decode."""
+def _sample_at(tar: str | os.PathLike, key: str) -> dict[str, Any]:
     try:
         with wds.ShardReader(tar) as shard:
-            return wds.sample_image(shard.sample(shard.keys.index(key)), draft)
+            return shard.sample(shard.keys.index(key))
     except ValueError as e:  # (BadSample too) a key no longer in the shard
         raise wds.BadSample(f"{tar}: {key}: {e}") from None
+
+
+def sample_image_at(tar: str | os.PathLike, key: str, draft: int | None = None):
+    """The image of sample ``key`` of the shard ``tar`` (e.g. a :class:`~.api.Hit`'s ``path``
+    and ``key``), decoded (a PIL image); :class:`~attn_vision.wds.BadSample` when it is gone
+    or does not decode."""
+    return wds.sample_image(_sample_at(tar, key), draft)
+
+
+def sample_image_bytes(tar: str | os.PathLike, key: str) -> bytes:
+    """The image file of sample ``key`` of the shard ``tar`` as stored (what a server sends
+    base64-encoded); :class:`~attn_vision.wds.BadSample` when it is gone or has none."""
+    sample = _sample_at(tar, key)
+    ext = next((e for e in wds.IMAGE_EXTENSIONS if e in sample), None)
+    if ext is None:
+        raise wds.BadSample(f"{tar}: {key}: no image")
+    return sample[ext]
