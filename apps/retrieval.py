@@ -427,7 +427,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n")[0],
         formatter_class=HelpFormatter,
-        epilog="examples:\n" + "\n".join(__doc__.split("\n")[2:9]),
+        epilog="examples:\n" + "\n".join(__doc__.split("\n")[2:10]),
     )
     p.add_argument(
         "--list-models", action="store_true", help="list every model name and its tags, then exit"
@@ -451,7 +451,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     an.add_argument("--ann-factory", metavar="SPEC",
                     help="a faiss index_factory string instead of the choice by size and budget")
     ix.add_argument("--shard-size", type=int, default=1024, metavar="N",
-                    help="under torchrun: images per shard file (rounded up to whole batches)")
+                    help="under torchrun: images per shard file (rounded up to whole batches; "
+                    "webdataset shards: one tar per shard file)")
     # fmt: on
     se = sub.add_parser("search", parents=[model], help="find images for a text or an image", **fmt)
     se.add_argument("index", metavar="INDEX", help="the index (its --out path)")
