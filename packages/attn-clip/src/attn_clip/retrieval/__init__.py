@@ -8,7 +8,8 @@
   (the versioned :class:`Manifest`), :mod:`.fingerprint` (the model an index was made
   with), :mod:`.plan` (the incremental update plan), :mod:`.embed` (the embedding loop),
   :mod:`.update` (writing an update), :mod:`.options` (how an update runs),
-  :mod:`.shards` (torchrun shards), :mod:`.backbone` (image-only attn_vision models:
+  :mod:`.shards` (torchrun shards), :mod:`.tars` (an index of webdataset tar shards),
+  :mod:`.backbone` (image-only attn_vision models:
   which names are theirs, their pooled embedding), :mod:`.errors`,
   :mod:`.sheet` (a contact sheet of search results).
 - :func:`retrieval_metrics` / :func:`evaluate_retrieval` (:mod:`.metrics`): recall@k.
