@@ -222,3 +222,50 @@ def test_a_truncated_shard_keeps_what_is_before_the_damage(shards, tmp_path):
     manifest, index = load_index_set(tmp_path / "idx")
     assert index.ids == ["00000/000000000", "00000/000000001"]
     assert "truncated" in manifest.shards["00000"]["error"]
+
+
+def test_torchrun_path_resumes_tar_by_tar(built, shards, tmp_path, monkeypatch):
+    """The torchrun path in one process (a gloo group of 1; 2 processes: the one launch in
+    test_retrieval_scale.py): killed after its second tar, the run started again embeds
+    only the other two and writes the index one process writes."""
+    import socket
+
+    from attn_clip.retrieval import load_index_set, tars
+    from attn_clip.retrieval import shards as units
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():  # fmt: skip
+        monkeypatch.setenv(key, value)
+    base, written, embedded = tmp_path / "idx", [], []
+    real_write, real_embed = units.write_shard, tars.embed_tar
+
+    def write_then_die(*args):
+        real_write(*args)
+        written.append(args[0])
+        if len(written) == 2:
+            raise KeyboardInterrupt  # (as a kill: nothing after this shard happens)
+
+    def embed_tar(model, path, **kw):
+        embedded.append(path.name)
+        return real_embed(model, path, **kw)
+
+    monkeypatch.setattr(units, "write_shard", write_then_die)
+    monkeypatch.setattr(units, "embed_tar", embed_tar)
+    with pytest.raises(KeyboardInterrupt):
+        call(retrieval.main, *index_argv(shards / SPEC, base))
+    monkeypatch.setattr(units, "write_shard", real_write)
+    assert embedded == ["00000.tar", "00001.tar"] and not Path(f"{base}.manifest.json").exists()
+    result = call(retrieval.main, *index_argv(shards / SPEC, base))
+    assert result.code == 0, result.err
+    summary = json.loads(result.out)
+    assert (summary["resumed"], summary["images"], summary["skipped"]) == (2, 11, 3), summary
+    assert embedded[2:] == ["00002.tar", "00003.tar"]
+    assert result.err.count("skipped 3 bad samples") == 1
+    (ma, ia), (mb, ib) = load_index_set(built[0]), load_index_set(base)
+    assert ia.ids == ib.ids and ma.files == mb.files and ma.skipped == mb.skipped
+    assert ma.shards == mb.shards
+    torch.testing.assert_close(ib.embeddings, ia.embeddings, atol=1e-6, rtol=0)
+    assert list(tmp_path.glob("idx.shard-*")) == []

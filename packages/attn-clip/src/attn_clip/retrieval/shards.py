@@ -177,7 +177,7 @@ def update_distributed(
                     loaded = model()
                     record = previous[0].model if previous else loaded.record()
                     count = len(previous[0].files) if previous else 0
-                    ann_options.check(record.embed_dim, count if tars else len(found))
+                    ann_options.check(record.embed_dim, count if tars is not None else len(found))
                     planner = plan_update if tars is None else plan_tar_update
                     plan = planner(root, found, record, *(previous or (None, None)))
                 except ValueError as e:
