@@ -104,6 +104,19 @@ def run_app(name: str, *args, cwd: Path = ROOT, **env) -> subprocess.CompletedPr
     )
 
 
+def one_rank_group(monkeypatch) -> None:
+    """The environment of a torchrun rank 0 of 1 (its gloo group on a free local port): the
+    torchrun path of ``index`` in this process."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():  # fmt: skip
+        monkeypatch.setenv(key, value)
+
+
 def one_line_error(err: str, *needles: str) -> str:
     """The single ``error: ...`` line of ``err``, checked to hold every needle."""
     assert "Traceback" not in err, err

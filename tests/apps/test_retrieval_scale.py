@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import retrieval
 import torch
-from _support.retrieval import ROOT, call
+from _support.retrieval import ROOT, call, one_rank_group
 from PIL import Image
 
 COLOURS = ["red", "blue", "green", "yellow", "purple", "orange", "white", "black", "cyan",
@@ -187,12 +187,7 @@ def test_a_killed_run_resumes_shard_by_shard(images, single, tmp_path, monkeypat
     process writes."""
     from attn_clip.retrieval import shards
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():  # fmt: skip
-        monkeypatch.setenv(key, value)
+    one_rank_group(monkeypatch)
     base = tmp_path / "idx"
     argv = index_argv(images, base, "--shard-size", "2", "--json")
     real, written = shards.write_shard, []

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import retrieval
 import torch
-from _support.retrieval import GALLERY, call, one_line_error, render
+from _support.retrieval import GALLERY, call, one_line_error, one_rank_group, render
 
 SPEC = "{00000..00003}.tar"
 
@@ -228,17 +228,10 @@ def test_torchrun_path_resumes_tar_by_tar(built, shards, tmp_path, monkeypatch):
     """The torchrun path in one process (a gloo group of 1; 2 processes: the one launch in
     test_retrieval_scale.py): killed after its second tar, the run started again embeds
     only the other two and writes the index one process writes."""
-    import socket
-
     from attn_clip.retrieval import load_index_set, tars
     from attn_clip.retrieval import shards as units
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():  # fmt: skip
-        monkeypatch.setenv(key, value)
+    one_rank_group(monkeypatch)
     base, written, embedded = tmp_path / "idx", [], []
     real_write, real_embed = units.write_shard, tars.embed_tar
 
