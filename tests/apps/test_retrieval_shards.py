@@ -198,9 +198,11 @@ def test_a_hostile_shard_manifest_is_refused(built, tmp_path):
     from attn_clip.retrieval import IndexFormatError, Manifest
 
     data = json.loads(Path(f"{built[0]}.manifest.json").read_text())
-    data["files"]["00000/000000000"]["shard"] = "../../etc"
-    with pytest.raises(IndexFormatError, match="a sample of no listed shard"):
-        Manifest.from_json(data)
+    for where, bad in (("files", {"shard": "../../etc"}), ("skipped", "no dict")):
+        broken = json.loads(json.dumps(data))
+        broken[where][next(iter(broken[where]))] = bad
+        with pytest.raises(IndexFormatError, match="a sample of no listed shard"):
+            Manifest.from_json(broken)
     data.pop("shards")
     with pytest.raises(IndexFormatError, match="shards"):
         Manifest.from_json(data)

@@ -100,7 +100,7 @@ class Manifest:
         shards = data.get("shards")
         if (data["version"] == SHARDS_VERSION) != isinstance(shards, dict):
             raise IndexFormatError(f"{where}: a broken manifest (shards {type(shards).__name__})")
-        if shards is not None and not _shards_ok(shards, data["files"]):
+        if shards is not None and not _shards_ok(shards, data["files"], data["skipped"]):
             raise IndexFormatError(f"{where}: a broken manifest (a sample of no listed shard)")
         return cls(ModelRecord.from_json(data["model"], where), data["root"], data["files"],
                    data["skipped"], generation, data["version"], shards)  # fmt: skip
@@ -133,7 +133,8 @@ class Manifest:
         return data
 
 
-def _shards_ok(shards: dict, files: dict) -> bool:
-    """Every shard has a path, every sample names one of them."""
+def _shards_ok(shards: dict, files: dict, skipped: Any) -> bool:
+    """Every shard has a path, every sample (and skipped one) names one of them."""
     ok = all(isinstance(s, dict) and isinstance(s.get("path"), str) for s in shards.values())
-    return ok and all(isinstance(f, dict) and str(f.get("shard")) in shards for f in files.values())
+    entries = [*files.values(), *(skipped.values() if isinstance(skipped, dict) else [None])]
+    return ok and all(isinstance(f, dict) and str(f.get("shard")) in shards for f in entries)

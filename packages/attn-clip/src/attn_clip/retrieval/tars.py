@@ -145,8 +145,8 @@ def _decoded(shard: wds.ShardReader, name: str, transform, draft, workers: int) 
         i, sample, error = item
         if sample is not None:
             try:
-                return f"{name}/{keys[i]}", transform(wds.sample_image(sample, draft)), \
-                    _caption(sample), None  # fmt: skip
+                x = transform(wds.sample_image(sample, draft))
+                return f"{name}/{keys[i]}", x, _caption(sample), None
             except wds.BadSample as e:
                 error = str(e)
         return f"{name}/{keys[i]}", None, None, error
