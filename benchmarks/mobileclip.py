@@ -18,19 +18,31 @@ away from their defaults (so that no fold is an identity); its state dict is sav
   causal mask the padding is attended, on both sides). Goal: >= 1.0x open_clip.
 
 ``--quick``: the same layout with one block per stage at 64 px, and one 64-wide text block.
+
+``uv run python -m benchmarks.mobileclip [--quick] [--repeats N]``: the same cases timed by
+the thread's CPU time instead of the wall clock (one thread, interleaved; time-sharing with
+other processes on a loaded machine does not count, cache and memory contention still do),
+with the ratios of the goals (on AVX-512 also ours folded as it runs on AVX2: NCHW, MKL's
+products from 1024 rows); ``--kernels`` adds the products of both towers by each kernel
+(MKL's ``sgemm`` + the GELU after it, oneDNN on packed weights with the GELU fused; the
+ConvMlps' 1x1 convs also as PyTorch's NCHW convolution) and the depthwise convs in NCHW and
+channels-last memory, on random inputs of their shapes.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from attn_core import onednn
 from torch import nn
 
 from benchmarks.caption import cpu_description
@@ -66,8 +78,6 @@ def _randomize(model: nn.Module, size: int) -> nn.Module:
 
 def build(quick: bool) -> tuple[Any, Any, int]:
     """``(ours unfolded, open_clip, image size)`` on the same random weights, eval mode."""
-    import functools
-
     import open_clip
     import timm
     from attn_clip import create_model
@@ -169,3 +179,122 @@ def _bench_text(
     ratio = rows["open_clip"].ref_over_ours
     report.goal(f"{MODEL} text tower fp32, {len(prompts)} prompts", ">= 1.0x open_clip",
                 f"{ratio:.2f}x {where}", ratio >= 1.0)  # fmt: skip
+
+
+def _as_on_avx2(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` with the fast path's AVX2 choices: NCHW convnets, MKL from 1024 rows."""
+    saved = onednn.CHANNELS_LAST_CONVS, onednn._MKL_ROWS
+    onednn.CHANNELS_LAST_CONVS, onednn._MKL_ROWS = False, 1024
+    try:
+        return fn(*args)
+    finally:
+        onednn.CHANNELS_LAST_CONVS, onednn._MKL_ROWS = saved
+
+
+def _cpu_times(fns: dict[str, Any], repeats: int) -> dict[str, float]:
+    """Median thread CPU seconds per call of each function, interleaved, after a warm-up."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.thread_time()
+            fn()
+            times[name].append(time.thread_time() - start)
+    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+
+
+def _kernel_fns(rows: int, cin: int, cout: int, gelu: bool, conv: bool) -> dict[str, Any]:
+    """One product ``(rows, cin) -> (rows, cout)`` (+ GELU) by each kernel."""
+    import torch.nn.functional as F
+    from attn_core.onednn import _packed_weight
+
+    x, w, b = torch.randn(rows, cin), torch.randn(cout, cin) * 0.05, torch.randn(cout)
+    act = F.gelu if gelu else (lambda y: y)
+    packed, (attr, alg) = _packed_weight(w), ("gelu", "none") if gelu else ("none", "")
+    fns = {
+        "oneDNN": lambda: torch.ops.mkldnn._linear_pointwise(x, packed, b, attr, [], alg),
+        "MKL": lambda: act(F.linear(x, w, b)),
+    }
+    if conv:  # the 1x1 conv on an NCHW image of these pixels
+        side = int(rows**0.5)
+        image, kernel = x.T.reshape(1, cin, side, side).contiguous(), w[:, :, None, None]
+        fns["NCHW conv"] = lambda: act(F.conv2d(image, kernel, b))
+    return fns
+
+
+def _kernels(repeats: int) -> None:
+    """MKL vs oneDNN (and NCHW convolution) on the towers' product shapes: the text tower's
+    on 80 prompts, the image tower's ConvMlps at batch 1; its depthwise convs in each layout."""
+    text = [(80 * 77, 512, 1536, False), (80 * 77, 512, 512, False),
+            (80 * 77, 512, 2048, True), (80 * 77, 2048, 512, False)]  # fmt: skip
+    convs = [(side * side, c * k, c * (4 - k), k == 1)
+             for c, side in ((80, 64), (160, 32), (320, 16), (640, 8)) for k in (1, 3)]  # fmt: skip
+    for shape in text + convs:
+        t = _cpu_times(_kernel_fns(*shape, conv=shape in convs), repeats)
+        rows, cin, cout, gelu = shape
+        cells = "; ".join(f"{k} {v * 1e3:.2f} ms ({v / t['oneDNN']:.2f}x)" for k, v in t.items())
+        print(f"{rows} x {cin} -> {cout}{' + GELU' if gelu else ''}: {cells}", flush=True)
+    for c, side in ((80, 64), (160, 32), (320, 16), (640, 8)):
+        for k in (3, 7):  # the depthwise convs (RepMixer's, ConvMlp's) in each layout
+            conv = nn.Conv2d(c, c, k, padding=k // 2, groups=c)
+            x = torch.randn(1, c, side, side)
+            x_cl = x.contiguous(memory_format=torch.channels_last)
+            t = _cpu_times({"NCHW": functools.partial(conv, x),
+                            "channels-last": functools.partial(conv, x_cl)}, repeats)  # fmt: skip
+            cells = "; ".join(f"{k} {v * 1e3:.3f} ms" for k, v in t.items())
+            print(f"depthwise {k}x{k}, {c} x {side} x {side} px: {cells}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The section's cases by thread CPU time (see the module docstring)."""
+    from timm.utils import reparameterize_model
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="the shrunk model")
+    p.add_argument("--repeats", type=int, default=7, help="timed calls per case")
+    p.add_argument("--kernels", action="store_true", help="also each product by each kernel")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    print(f"CPU: {cpu_description()}, 1 thread, thread CPU time (median of {args.repeats})")
+    if args.kernels:
+        with torch.no_grad():
+            _kernels(args.repeats)
+    ours, ref, size = build(args.quick)
+    with torch.inference_mode(False), torch.no_grad():
+        folded = copy.deepcopy(ours)
+        folded.visual.reparameterize()
+        ref_folded = reparameterize_model(copy.deepcopy(ref.visual))
+    from attn_clip import IMAGENET_CLASSNAMES, Tokenizer
+
+    from benchmarks.clip_models import prompts as class_prompts
+
+    tokens = Tokenizer(ours.context_length)(class_prompts(IMAGENET_CLASSNAMES[0]))
+    cases = {}
+    for batch in (1, 8):
+        x = torch.rand(batch, 3, size, size, generator=torch.Generator().manual_seed(0))
+        cases[f"image, batch {batch}"] = {
+            "ours (folded)": lambda x=x: folded.encode_image(x),
+            "open_clip": lambda x=x: ref.encode_image(x),
+            "open_clip + reparameterize_model": lambda x=x: ref_folded(x),
+            "ours (unfolded)": lambda x=x: ours.encode_image(x),
+        }
+        if onednn.CHANNELS_LAST_CONVS:  # (AVX-512) the same, run as on AVX2: NCHW, MKL
+            cases[f"image, batch {batch}"]["ours (folded, NCHW + MKL)"] = functools.partial(
+                _as_on_avx2, folded.encode_image, x
+            )
+    cases[f"text, {len(tokens)} prompts"] = {
+        "ours": lambda: ours.encode_text(tokens),
+        "open_clip": lambda: ref.encode_text(tokens),
+    }
+    with torch.no_grad():
+        for case, fns in cases.items():
+            t = _cpu_times(fns, args.repeats)
+            ours_t = next(iter(t.values()))
+            cells = [f"{k} {v * 1e3:,.1f} ms ({v / ours_t:.2f}x)" for k, v in t.items()]
+            print(f"{case}: " + "; ".join(cells), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -72,9 +72,9 @@ _ONEDNN_BF16 = _ONEDNN and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 _PACK_ROWS = 64  # oneDNN's layout hint: expected rows per product (8..400 measured alike)
 # ATen's vector ISA for this CPU ("AVX2", "AVX512", ...; the ATEN_CPU_CAPABILITY variable
 # overrides it). On the AVX-512 EPYC (Zen 4) tried, at 1 thread, oneDNN's products measured
-# ahead of MKL's sgemm at every size (10-35% at 256-6,160 rows, widths 512-2,048) and its
-# depthwise convolutions 10-50% faster in channels-last memory than in NCHW; on the AVX2 EPYC
-# tried, neither (below).
+# ahead of MKL's sgemm at every size (3-33% at 64-6,160 rows, widths 80-2,048) and depthwise
+# convolutions took 20-55% less time in channels-last memory than in NCHW (python -m
+# benchmarks.mobileclip --kernels); on the AVX2 EPYC tried, neither (below).
 _AVX512 = torch.backends.cpu.get_cpu_capability() == "AVX512"
 # From this many rows per product on (None: never), MKL's sgemm (``F.linear``, the activation
 # after it) runs the product instead of oneDNN: on the AVX2 EPYC at 1 thread, MKL measured
