@@ -430,3 +430,102 @@ def test_an_image_only_index_answers_images_and_refuses_text(tmp_path):
             query = gallery / rel_name(*GALLERY[2])
             same_hits(knn(client, image=b64(query), num_images=3), index.search(query, k=3))
             error(client.post("/knn-service", json={"text": "a red circle"}), 400, "no text tower")
+
+
+# -- an index of webdataset tar shards -------------------------------------------------------
+
+
+def tar_samples(folder: Path) -> dict[str, tuple[bytes, str]]:
+    """``{shard/key: (png bytes, caption)}`` of the tars under ``folder``, read by tarfile."""
+    import tarfile
+
+    found: dict[str, dict[str, bytes]] = {}
+    for path in sorted(folder.glob("*.tar")):
+        with tarfile.open(path) as tar:
+            for member in tar.getmembers():
+                key, _, ext = member.name.partition(".")
+                found.setdefault(f"{path.stem}/{key}", {})[ext] = tar.extractfile(member).read()
+    return {id: (f["png"], f["txt"].decode()) for id, f in found.items()}
+
+
+@pytest.fixture(scope="module")
+def shard_built(tmp_path_factory, model):
+    """``(index, its samples by tarfile, hostile index, server)``: 6 captioned shapes in two
+    tars (ShardWriter), indexed; files planted at ``folder/id`` (the image and a ``.txt``
+    beside it) and a copy of the index whose first id is ``00000/../secret.png``, a planted
+    file too; one server of both with images=True."""
+    from attn_vision.wds import ShardWriter
+
+    tmp = tmp_path_factory.mktemp("shard_served")
+    folder = tmp / "shards"
+    with ShardWriter(folder, shard_size=4, image_format="png") as writer:
+        for item in GALLERY[:6]:
+            writer.write(render(*item), f"a {item[0]} {item[1]}")
+    index = RetrievalIndex.create(tmp / "s.idx", model)
+    index.update(str(folder / "{00000..00001}.tar"), progress=False, workers=0)
+    first = index.embeddings.ids[0]
+    (folder / first).parent.mkdir()
+    (folder / first).write_text(SECRET)  # a file named after the id, and a caption beside it
+    (folder / first).with_suffix(".txt").write_text(SECRET)
+    (folder / "secret.png").write_text(SECRET)
+
+    manifest, embeddings = load_index_set(tmp / "s.idx")
+    hostile_id = "00000/../secret.png"
+    ids = [hostile_id, *embeddings.ids[1:]]
+    files = dict(zip(ids, manifest.files.values(), strict=True))
+    hostile = EmbeddingIndex(embeddings.dim)
+    hostile.add(embeddings.embeddings, ids)
+    save_index_set(tmp / "h.idx", hostile, Manifest(manifest.model, manifest.root, files,
+                   manifest.skipped, shards=manifest.shards))  # fmt: skip
+    app = make_app({"s": tmp / "s.idx", "h": tmp / "h.idx"}, model=model, images=True)
+    with BackgroundServer(app) as server:
+        yield index, tar_samples(folder), tmp / "h.idx", server
+
+
+def test_a_shard_index_answers_ids_captions_and_the_tars_images(shard_built):
+    index, samples, _, server = shard_built
+    assert len(samples) == len(index) == 6
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        found = knn(client, text="a red circle", num_images=6, indice_name="s")
+        meta = client.post("/metadata", json={"ids": [0, 5], "indice_name": "s"}).json()
+    hits = index.search("a red circle", k=6)
+    assert [r["image_path"] for r in found] == [h.id for h in hits]  # shard/key, not a path
+    scores = torch.tensor([r["similarity"] for r in found])
+    torch.testing.assert_close(scores, torch.tensor([h.score for h in hits]), rtol=0, atol=1e-6)
+    for r in found:
+        png, caption = samples[r["image_path"]]
+        assert r["caption"] == caption  # the manifest's, not the planted .txt
+        assert base64.b64decode(r["image"]) == png  # from the tar, not the planted file
+    assert found[0]["caption"] == "a red circle"
+    ids = index.embeddings.ids
+    assert [m["metadata"]["image_path"] for m in meta] == [ids[0], ids[5]]
+    assert base64.b64decode(meta[0]["metadata"]["image"]) == samples[ids[0]][0]
+    assert SECRET not in json.dumps(found) + json.dumps(meta)
+
+
+def test_a_hostile_shard_id_is_never_opened_as_a_file(shard_built):
+    """``00000/../secret.png`` names no sample of the tar ``00000``: no image (the file of
+    that name below the folder is not read), the other rows as before."""
+    index, samples, _, server = shard_built
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        found = knn(client, text="a red circle", num_images=6, indice_name="h")
+        meta = client.post("/metadata", json={"ids": list(range(6)), "indice_name": "h"})
+    (bad,) = [r for r in found if r["id"] == 0]
+    assert bad["image_path"] == "00000/../secret.png" and "image" not in bad
+    assert bad["caption"] == "a red circle"
+    for r in found:
+        if r["id"] != 0:
+            assert base64.b64decode(r["image"]) == samples[r["image_path"]][0]
+    assert SECRET not in json.dumps(found) + meta.text
+
+
+def test_export_of_a_shard_index(shard_built, tmp_path):
+    import pyarrow.parquet as pq
+
+    index, samples, _, _ = shard_built
+    export_embeddings(index.base, tmp_path / "emb")
+    rows = pq.read_table(tmp_path / "emb" / "metadata" / "metadata_0.parquet").to_pylist()
+    assert [r["key"] for r in rows] == [r["image_path"] for r in rows] == index.embeddings.ids
+    assert [r["caption"] for r in rows] == [samples[r["key"]][1] for r in rows]
+    matrix = np.load(tmp_path / "emb" / "img_emb" / "img_emb_0.npy")
+    np.testing.assert_array_equal(matrix, index.embeddings.embeddings.numpy())

@@ -15,7 +15,9 @@ beside it (clip-retrieval's folder layout; null when there is none), ``key`` the
 of the row (the path relative to the indexed folder). Files are numbered as clip-retrieval
 numbers its partitions (``img_emb_0`` .. ``img_emb_9``; from 11 files on, zero-padded to the
 same width), ``rows_per_file`` rows each. The embeddings are float32 (the index's own
-values) or float16 (what clip-retrieval's inference writes).
+values) or float16 (what clip-retrieval's inference writes). An index of tar shards
+(:mod:`.tars`) has no image files: ``image_path`` and ``key`` are then the sample's id
+(``shard/key``), ``caption`` the one kept in its manifest.
 
 The folder is written next to ``out`` and renamed into place when complete; an existing
 export there is replaced, any other non-empty folder is refused. Captions are read only
@@ -147,11 +149,14 @@ def export_embeddings(
             ids = embeddings.ids[rows]
             np.save(tmp / "img_emb" / f"img_emb_{n:0{width}d}.npy",
                     matrix[rows].astype(DTYPES[dtype]))  # fmt: skip
-            table = pa.table({
-                "image_path": [str(folder / i) for i in ids],
-                "caption": pa.array([read_caption(root, folder / i) for i in ids], pa.string()),
-                "key": ids,
-            })  # fmt: skip
+            if manifest.shards is None:
+                paths = [str(folder / i) for i in ids]
+                captions = [read_caption(root, folder / i) for i in ids]
+            else:  # a shard index: ids are samples, not files
+                paths, captions = list(ids), [manifest.caption(i) for i in ids]
+            table = pa.table(
+                {"image_path": paths, "caption": pa.array(captions, pa.string()), "key": ids}
+            )
             pq.write_table(table, tmp / "metadata" / f"metadata_{n:0{width}d}.parquet")
         _swap_in(tmp, out)
     finally:

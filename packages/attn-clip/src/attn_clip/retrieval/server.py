@@ -50,9 +50,11 @@ is the store's rule: a writer holds it, and switches generations with one rename
 manifest always names a complete generation; :func:`~.store.load_index_set` reads again if
 the switch happens while it reads). A new generation recorded with another model gets that
 model. Files are only read below the indexed folder: an id, caption or symlink that
-resolves outside it is not read. Queries run one at a time on the server's event loop
-(image bytes are decoded in a thread first): on a CPU the model and the search are a few
-milliseconds, less than handing them to a thread costs under load.
+resolves outside it is not read. An index of tar shards (:mod:`.tars`) answers a sample's
+id (``shard/key``) as ``image_path``, the caption kept in its manifest, and the image
+stored in its tar: an id is never opened as a file. Queries run one at a time on the
+server's event loop (image bytes are decoded in a thread first): on a CPU the model and
+the search are a few milliseconds, less than handing them to a thread costs under load.
 """
 
 import base64
@@ -116,28 +118,51 @@ class Snapshot:
     def path(self, row: int) -> Path:
         return self.index.root / self.index.embeddings.ids[row]
 
+    @property
+    def shards(self) -> bool:
+        """Whether this is an index of tar shards (ids ``shard/key``, never file names)."""
+        return self.index.manifest.shards is not None
+
     def caption(self, row: int) -> str | None:
-        """The text of the ``.txt`` file beside the row's image (clip-retrieval's folder
-        layout), or None; read once per generation."""
+        """A shard sample's caption (kept in the manifest), or the text of the ``.txt`` file
+        beside the row's image (clip-retrieval's folder layout, read once per generation);
+        None when there is none."""
+        if self.shards:
+            return self.index.manifest.caption(self.index.embeddings.ids[row])
         if row not in self.captions:
             self.captions[row] = read_caption(self.root, self.path(row))
         return self.captions[row]
 
     def image(self, row: int) -> str | None:
-        """The row's image file, base64-encoded, or None when it is gone or not below the
-        indexed folder."""
+        """The row's image file, base64-encoded: a shard sample's from its tar, a folder's
+        from below the indexed folder; None when it is gone (or not below the folder)."""
+        data = self._sample_bytes(row) if self.shards else self._file_bytes(row)
+        return base64.b64encode(data).decode("ascii") if data is not None else None
+
+    def _file_bytes(self, row: int) -> bytes | None:
         path = file_below(self.root, self.path(row))
-        if path is None:
-            return None
         try:
-            return base64.b64encode(path.read_bytes()).decode("ascii")
+            return path.read_bytes() if path is not None else None
         except OSError:
             return None
 
+    def _sample_bytes(self, row: int) -> bytes | None:
+        from attn_vision.wds import BadSample
+
+        from .tars import sample_image_bytes
+
+        id = self.index.embeddings.ids[row]
+        tar = self.index.manifest.shard_file(id)
+        try:
+            return sample_image_bytes(tar, id.partition("/")[2]) if tar is not None else None
+        except BadSample:  # the tar or the sample is gone, or has no image
+            return None
+
     def metadata(self, row: int, images: bool) -> dict[str, Any]:
-        """clip back's metadata columns for ``row``: ``image_path``, ``caption`` when there is
-        one, ``image`` with ``images``."""
-        meta: dict[str, Any] = {"image_path": str(self.path(row))}
+        """clip back's metadata columns for ``row``: ``image_path`` (the file, or a shard
+        sample's id), ``caption`` when there is one, ``image`` with ``images``."""
+        path = self.index.embeddings.ids[row] if self.shards else str(self.path(row))
+        meta: dict[str, Any] = {"image_path": path}
         if (caption := self.caption(row)) is not None:
             meta["caption"] = caption
         if images and (data := self.image(row)) is not None:
