@@ -205,7 +205,7 @@ def caption_options(
 @dataclass
 class Hit:
     rank: int
-    path: str  # relative to the index's folder
+    path: str  # relative to the index's folder (a shard index: the sample's id, shard/key)
     score: float
     image: Any  # thumbnail (PIL); a grey box when the file can no longer be read
 
@@ -433,16 +433,21 @@ class WebDemo:
         image = open_upload(image_path, "query image") if has_image else None
         with self._lock, torch.inference_mode():
             found = self.index.index.search(text if image is None else image, k=k)
-        return [Hit(rank, h.id, h.score, thumbnail(h.path)) for rank, h in enumerate(found, 1)]
+        return [
+            Hit(rank, h.id, h.score, thumbnail(h.path, h.key)) for rank, h in enumerate(found, 1)
+        ]
 
 
-def thumbnail(path: Path):
-    """The image at ``path`` scaled to fit THUMB pixels, or a grey box when it is gone."""
+def thumbnail(path: Path, key: str | None = None):
+    """The image at ``path`` (a shard index's hit: sample ``key`` of the tar ``path``) scaled
+    to fit THUMB pixels, or a grey box when it is gone."""
+    from attn_clip.retrieval.tars import sample_image_at
+    from attn_vision.wds import BadSample
     from PIL import Image, ImageOps
 
     try:
-        image = load_image_file(path)[0]
-    except InputError:  # moved or deleted since indexing
+        image = load_image_file(path)[0] if key is None else sample_image_at(path, key)
+    except (InputError, BadSample):  # moved or deleted since indexing
         return Image.new("RGB", (THUMB, THUMB), (200, 200, 200))
     return ImageOps.contain(image, (THUMB, THUMB))
 

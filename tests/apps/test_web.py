@@ -31,7 +31,9 @@ import torch
 import web
 from _support.apps import png_header, save_tiny_coca
 from _support.retrieval import (
+    GALLERY,
     ROOT,
+    render,
     shapes_gallery,  # noqa: F401  (a fixture)
     shapes_index,  # noqa: F401  (a fixture)
 )
@@ -295,6 +297,43 @@ def test_offline_with_no_model_it_serves_the_bundled_one(tmp_path, monkeypatch, 
     assert err[0].startswith("warning: ViT-B-32 (openai) weights not available (offline?)")
 
 
+def test_a_shard_index_s_thumbnails_come_from_its_tars(loaded, tmp_path):
+    """A shard index (ids ``shard/key``): each hit's thumbnail is its sample's image read
+    from the tar (not a file planted at folder/id), a grey box once its tar is gone."""
+    import numpy as np
+    from attn_clip.retrieval import RetrievalIndex
+    from attn_vision.wds import ShardWriter
+    from PIL import ImageOps
+
+    items = {f"a {c} {s}": (c, s, *rest) for c, s, *rest in (GALLERY[i] for i in (0, 3, 5, 7))}
+    shards = tmp_path / "shards"
+    with ShardWriter(shards, shard_size=2, image_format="png") as writer:
+        for caption, item in items.items():
+            writer.write(render(*item), caption)
+    index = RetrievalIndex.create(tmp_path / "s.idx", "demo-shapes", "shapes", device="cpu")
+    index.update(str(shards / "{00000..00001}.tar"), progress=False, workers=0)
+    for id in index.embeddings.ids:  # a different picture at folder/id
+        (shards / id).parent.mkdir(exist_ok=True)
+        render("purple", "cross").save(shards / id, "PNG")
+    idx = web.open_index(tmp_path / "s.idx")
+    assert web.index_problem(idx, loaded, "fp32") is None
+    demo = web.WebDemo(loaded, idx)
+
+    def pixels(image) -> np.ndarray:
+        return np.asarray(image.convert("RGB"))
+
+    hits = demo.search("a red circle", None, k=4)
+    assert sorted(h.path for h in hits) == sorted(index.embeddings.ids)
+    for h in hits:
+        item = items[idx.index.manifest.caption(h.path)]
+        expected = ImageOps.contain(render(*item), (web.THUMB, web.THUMB))
+        np.testing.assert_array_equal(pixels(h.image), pixels(expected))
+    (shards / "00001.tar").unlink()
+    for h in demo.search("a red circle", None, k=4):
+        grey = (pixels(h.image) == 200).all()
+        assert grey == h.path.startswith("00001/"), h.path
+
+
 def test_build_app_queues_every_request_on_one_line(search_demo):
     app = web.build_app(search_demo)
     assert app._queue.max_size == web.QUEUE_SIZE
@@ -394,7 +433,8 @@ def test_caption_tab_without_a_coca_says_so(demo):
     app = web.build_app(demo)
     assert "on_caption" not in {fn.name for fn in app.fns.values()}
     notice = [b for b in app.blocks.values() if getattr(b, "elem_id", None) == "cap-notice"]
-    assert len(notice) == 1 and "--model coca_base / coca_roberta-ViT-B-32 / coca_ViT-B-32" in plain(notice[0].value)
+    expected = "--model coca_base / coca_roberta-ViT-B-32 / coca_ViT-B-32"
+    assert len(notice) == 1 and expected in plain(notice[0].value)
 
 
 def test_caption_tab_with_a_coca_queues_on_the_model_line(coca_demo):
