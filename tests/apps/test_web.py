@@ -301,7 +301,7 @@ def test_a_shard_index_s_thumbnails_come_from_its_tars(loaded, tmp_path):
     """A shard index (ids ``shard/key``): each hit's thumbnail is its sample's image read
     from the tar (not a file planted at folder/id), a grey box once its tar is gone."""
     import numpy as np
-    from attn_clip.retrieval import RetrievalIndex
+    from attn_clip.retrieval import IndexModel, RetrievalIndex
     from attn_vision.wds import ShardWriter
     from PIL import ImageOps
 
@@ -310,7 +310,7 @@ def test_a_shard_index_s_thumbnails_come_from_its_tars(loaded, tmp_path):
     with ShardWriter(shards, shard_size=2, image_format="png") as writer:
         for caption, item in items.items():
             writer.write(render(*item), caption)
-    index = RetrievalIndex.create(tmp_path / "s.idx", "demo-shapes", "shapes", device="cpu")
+    index = RetrievalIndex.create(tmp_path / "s.idx", IndexModel(**vars(loaded), precision="fp32"))
     index.update(str(shards / "{00000..00001}.tar"), progress=False, workers=0)
     for id in index.embeddings.ids:  # a different picture at folder/id
         (shards / id).parent.mkdir(exist_ok=True)
