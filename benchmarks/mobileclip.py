@@ -22,8 +22,9 @@ away from their defaults (so that no fold is an identity); its state dict is sav
 ``uv run python -m benchmarks.mobileclip [--quick] [--repeats N]``: the same cases timed by
 the thread's CPU time instead of the wall clock (one thread, interleaved; time-sharing with
 other processes on a loaded machine does not count, cache and memory contention still do),
-with the ratios of the goals (on AVX-512 also ours folded as it runs on AVX2: NCHW, MKL's
-products from 1024 rows); ``--kernels`` adds the products of both towers by each kernel
+with the ratios of the goals, and ours folded with the fast path's choices for the other
+kind of CPU (on AVX-512 AVX2's: NCHW, MKL's products from 1024 rows; on AVX2 AVX-512's);
+``--kernels`` adds the products of both towers by each kernel
 (MKL's ``sgemm`` + the GELU after it, oneDNN on packed weights with the GELU fused; the
 ConvMlps' 1x1 convs also as PyTorch's NCHW convolution) and the depthwise convs in NCHW and
 channels-last memory, on random inputs of their shapes.
@@ -181,10 +182,12 @@ def _bench_text(
                 f"{ratio:.2f}x {where}", ratio >= 1.0)  # fmt: skip
 
 
-def _as_on_avx2(fn: Any, *args: Any) -> Any:
-    """``fn(*args)`` with the fast path's AVX2 choices: NCHW convnets, MKL from 1024 rows."""
+def _as_on_the_other_isa(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` with the fast path's choices for the other kind of CPU: on AVX-512,
+    AVX2's (NCHW convnets, MKL from 1024 rows), elsewhere AVX-512's (channels-last, oneDNN)."""
     saved = onednn.CHANNELS_LAST_CONVS, onednn._MKL_ROWS
-    onednn.CHANNELS_LAST_CONVS, onednn._MKL_ROWS = False, 1024
+    other = (False, 1024) if onednn._AVX512 else (True, None)
+    onednn.CHANNELS_LAST_CONVS, onednn._MKL_ROWS = other
     try:
         return fn(*args)
     finally:
@@ -279,10 +282,10 @@ def main(argv: list[str] | None = None) -> int:
             "open_clip + reparameterize_model": lambda x=x: ref_folded(x),
             "ours (unfolded)": lambda x=x: ours.encode_image(x),
         }
-        if onednn.CHANNELS_LAST_CONVS:  # (AVX-512) the same, run as on AVX2: NCHW, MKL
-            cases[f"image, batch {batch}"]["ours (folded, NCHW + MKL)"] = functools.partial(
-                _as_on_avx2, folded.encode_image, x
-            )
+        other = "NCHW + MKL" if onednn._AVX512 else "channels-last + oneDNN"
+        cases[f"image, batch {batch}"][f"ours (folded, {other})"] = functools.partial(
+            _as_on_the_other_isa, folded.encode_image, x
+        )
     cases[f"text, {len(tokens)} prompts"] = {
         "ours": lambda: ours.encode_text(tokens),
         "open_clip": lambda: ref.encode_text(tokens),
