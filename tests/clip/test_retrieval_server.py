@@ -519,6 +519,25 @@ def test_a_hostile_shard_id_is_never_opened_as_a_file(shard_built):
     assert SECRET not in json.dumps(found) + meta.text
 
 
+def test_the_served_shards_stay_open_up_to_size(shard_built):
+    """OpenShards: a tar's listing is kept for the next read; the least recent one past
+    ``size`` is closed; after close() each read closes its tar again."""
+    from attn_clip.retrieval.server import OpenShards
+
+    index, samples, _, _ = shard_built
+    tars = {i.split("/")[0]: index.manifest.shard_file(i) for i in index.embeddings.ids}
+    shards = OpenShards(size=1)
+    first, second = sorted(samples)[0], sorted(samples)[-1]  # in 00000.tar, in 00001.tar
+    assert shards.image_bytes(tars["00000"], first.split("/")[1]) == samples[first][0]
+    opened = shards._open[tars["00000"]]
+    assert shards.image_bytes(tars["00001"], second.split("/")[1]) == samples[second][0]
+    assert list(shards._open) == [tars["00001"]] and opened._tar.closed
+    assert shards.image_bytes(tars["00001"], "nosuchkey") is None
+    shards.close()
+    assert shards.image_bytes(tars["00000"], first.split("/")[1]) == samples[first][0]
+    assert not shards._open
+
+
 def test_export_of_a_shard_index(shard_built, tmp_path):
     import pyarrow.parquet as pq
 

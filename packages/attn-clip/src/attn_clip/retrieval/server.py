@@ -66,6 +66,7 @@ import socket
 import sys
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,43 @@ INSTALL = "the search server needs FastAPI and uvicorn: pip install 'attn-clip[s
 # -- the index as served: snapshots and hot reload -------------------------------------------
 
 
+class OpenShards:
+    """The ``size`` tar shards last read from, kept open: listing a shard reads all its tar
+    headers (most of a second for img2dataset's 10,000 samples), then a sample is one short
+    read."""
+
+    def __init__(self, size: int = 8) -> None:
+        self.size = size
+        self._open: OrderedDict[Path, Any] = OrderedDict()  # tar -> its ShardReader
+        self._lock = threading.Lock()  # (requests read from the loop and from threads)
+
+    def image_bytes(self, tar: Path, key: str) -> bytes | None:
+        """The image file of sample ``key`` of ``tar`` as stored (as
+        :func:`.tars.sample_image_bytes`), or None when the tar, the sample or its image is
+        gone."""
+        from attn_vision import wds
+
+        with self._lock:
+            shard = self._open.pop(tar, None)
+            self._open[tar] = shard = wds.ShardReader(tar) if shard is None else shard
+            try:
+                sample = shard.sample(shard.keys.index(key))
+            except ValueError:  # (BadSample too) no such key, or its files cannot be read
+                sample = {}
+            finally:
+                while len(self._open) > self.size:
+                    self._open.popitem(last=False)[1].close()
+        ext = next((e for e in wds.IMAGE_EXTENSIONS if e in sample), None)
+        return sample[ext] if ext is not None else None
+
+    def close(self) -> None:
+        """Close every shard; later reads (a request still on an old snapshot) close theirs."""
+        with self._lock:
+            self.size = 0
+            while self._open:
+                self._open.popitem()[1].close()
+
+
 @dataclasses.dataclass
 class Snapshot:
     """One generation of an index, as loaded: what a request searches from start to end."""
@@ -110,6 +148,7 @@ class Snapshot:
     stamp: tuple[int, int, int]  # the manifest file's (inode, mtime_ns, size) when read
     root: Path  # the indexed folder, resolved
     captions: dict[int, str | None] = dataclasses.field(default_factory=dict)
+    tars: OpenShards = dataclasses.field(default_factory=OpenShards)  # a shard index's
 
     @property
     def generation(self) -> int | None:
@@ -147,16 +186,9 @@ class Snapshot:
             return None
 
     def _sample_bytes(self, row: int) -> bytes | None:
-        from attn_vision.wds import BadSample
-
-        from .tars import sample_image_bytes
-
         id = self.index.embeddings.ids[row]
         tar = self.index.manifest.shard_file(id)
-        try:
-            return sample_image_bytes(tar, id.partition("/")[2]) if tar is not None else None
-        except BadSample:  # the tar or the sample is gone, or has no image
-            return None
+        return self.tars.image_bytes(tar, id.partition("/")[2]) if tar is not None else None
 
     def metadata(self, row: int, images: bool) -> dict[str, Any]:
         """clip back's metadata columns for ``row``: ``image_path`` (the file, or a shard
@@ -252,7 +284,8 @@ class ServedIndex:
         if manifest.generation != old.manifest.generation or manifest.root != old.manifest.root:
             LOG.info("%s: now serving generation %s (%d images)", self.name, manifest.generation,
                      len(embeddings))  # fmt: skip
-        self.current = self._snapshot(index, stamp)
+        old_snapshot, self.current = self.current, self._snapshot(index, stamp)
+        old_snapshot.tars.close()
 
 
 # -- the application -------------------------------------------------------------------------
