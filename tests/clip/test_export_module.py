@@ -184,3 +184,42 @@ def test_static_int8_fixes_overflow_on_cpus_without_vnni(vnni, fix, monkeypatch)
     quantize.quantize_static({"text": object()}, {"text": [torch.zeros(1, 4)]})
     got = seen[0] if seen[0] is None else seen[0].overflow_fix == nncf.OverflowFix.ENABLE
     assert got is fix
+
+
+def _signal_stack() -> tuple[int, bool]:
+    """This thread's alternate signal stack: (address, whether that address is mapped)."""
+    import ctypes
+
+    class StackT(ctypes.Structure):  # sigaltstack(2)'s stack_t
+        _fields_ = [("sp", ctypes.c_void_p), ("flags", ctypes.c_int), ("size", ctypes.c_size_t)]
+
+    stack = StackT()
+    assert ctypes.CDLL(None).sigaltstack(None, ctypes.byref(stack)) == 0
+    sp = stack.sp or 0
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+        if lo <= sp < hi:
+            return sp, True
+    return sp, False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sigaltstack via /proc")
+def test_openvino_leaves_the_signal_stack_alive():
+    """OpenVINO's CPU plugin installs its own signal stack on each compile and puts back the
+    one it found when that model is freed: freed first-in first-out (two towers), the thread
+    kept an unmapped stack and the next handled signal (Ctrl-C; SIGCHLD after a DataLoader
+    with workers) was a SIGSEGV -- it took a pytest-xdist worker down. compile_openvino keeps
+    Python's stack, so any order of frees leaves it as it was."""
+    ov = pytest.importorskip("openvino")
+    import numpy as np
+
+    def tiny_graph():
+        x = ov.opset13.parameter([1, 4], np.float32)
+        return ov.Model([ov.opset13.relu(x)], [x])
+
+    before = _signal_stack()
+    first = clip_export.compile_openvino(tiny_graph(), threads=1)
+    second = clip_export.compile_openvino(tiny_graph(), threads=1)
+    assert first(np.ones((1, 4), np.float32))[0].shape == (1, 4)
+    del first, second  # first in, first out
+    assert _signal_stack() == before

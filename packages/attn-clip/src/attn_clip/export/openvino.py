@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +38,34 @@ def to_openvino(
     return models
 
 
+class _SignalStack(ctypes.Structure):  # stack_t of sigaltstack(2)
+    _fields_ = [("sp", ctypes.c_void_p), ("flags", ctypes.c_int), ("size", ctypes.c_size_t)]
+
+
+@contextlib.contextmanager
+def signal_stack_kept() -> Iterator[None]:
+    """Keep the calling thread's alternate signal stack across OpenVINO calls (Linux).
+
+    OpenVINO's CPU plugin installs a signal stack of its own on the thread that compiles a
+    model and, when that compiled model is freed, puts back the one it found. Freed in any
+    other order than last-in first-out (the text tower after the image tower), the thread is
+    left with a freed, unmapped stack, and the next signal Python handles there (Ctrl-C, or a
+    SIGCHLD once a DataLoader with workers has run) kills the process with SIGSEGV instead.
+    Putting Python's stack back right after each compile means every later "put back" puts
+    back a live stack, whatever the order."""
+    if not sys.platform.startswith("linux"):
+        yield
+        return
+    libc = ctypes.CDLL(None)
+    saved = _SignalStack()
+    known = libc.sigaltstack(None, ctypes.byref(saved)) == 0
+    try:
+        yield
+    finally:
+        if known:
+            libc.sigaltstack(ctypes.byref(saved), None)
+
+
 def compile_openvino(model_or_path: Any, threads: int, precision: str = "f32") -> Any:
     """An OpenVINO ``CompiledModel`` on the CPU: ``threads`` threads, the latency hint and
     ``INFERENCE_PRECISION_HINT`` ``precision`` ("f32" or "bf16"; OpenVINO's own default is
@@ -46,7 +78,8 @@ def compile_openvino(model_or_path: Any, threads: int, precision: str = "f32") -
         "INFERENCE_PRECISION_HINT": precision,
     }
     model = str(model_or_path) if isinstance(model_or_path, Path) else model_or_path
-    return ov.Core().compile_model(model, "CPU", config)
+    with signal_stack_kept():
+        return ov.Core().compile_model(model, "CPU", config)
 
 
 class OpenVINOTower:

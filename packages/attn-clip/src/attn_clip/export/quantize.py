@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ._deps import require
+from .openvino import signal_stack_kept
 from .towers import cut_tokens
 
 
@@ -146,7 +147,7 @@ def quantize_static(
     for name, ov_model in ov_models.items():
         data = [x.numpy() for x in calibration[name]]
         transformer = name == "text" or vit
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), signal_stack_kept():  # NNCF compiles models too
             warnings.simplefilter("ignore")
             quantized[name] = nncf.quantize(
                 ov_model,
