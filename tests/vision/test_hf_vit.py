@@ -309,3 +309,21 @@ def test_a_missing_projection_is_named(folders):
     del sd["encoder.layer.1.mlp.up_proj.weight"]
     with pytest.raises(CheckpointError, match=r"encoder\.layer\.1\.mlp\.up_proj\.weight"):
         convert_hf(sd, hf)
+
+
+@pytest.mark.parametrize("name", ["vit_classifier", "dinov2_registers"])
+def test_another_img_size_resamples_at_load(folders, name):
+    """``create_model(folder, img_size=...)`` (finetune_vit.py --img-size) builds the model
+    at that grid, the position embedding resampled once at load as for a timm checkpoint
+    (bicubic, antialiased); the folder's own size resamples per forward as transformers."""
+    from attn_vision.patch_embed import resample_abs_pos_embed
+
+    folder = folders[name][1]
+    own = attn_vision.create_model(folder)
+    bigger = attn_vision.create_model(folder, img_size=56)
+    prefix = 0 if own.config.no_embed_class else own.num_prefix_tokens
+    assert bigger.config.grid_size == (4, 4) and bigger.pos_embed.shape[1] == prefix + 16
+    expected = resample_abs_pos_embed(own.pos_embed, (4, 4), num_prefix_tokens=prefix)
+    assert torch.equal(bigger.pos_embed, expected)
+    others = {k: v for k, v in own.state_dict().items() if k != "pos_embed"}
+    assert all(torch.equal(bigger.state_dict()[k], v) for k, v in others.items())

@@ -629,7 +629,7 @@ def _load_hf_folder(
     module = hf_module(hf_cfg)
     state_dict = hub.read_folder(folder, HF_WEIGHTS)
     family, config = module.config_from_hf(hf_cfg, state_dict.keys())
-    config_cls, model_cls, _ = FAMILIES[family]
+    config_cls, model_cls, converter = FAMILIES[family]
     if overrides:
         config = make_config(config_cls, {**dataclasses.asdict(config), **overrides})
     model = model_cls(config, weight_init=not loading)
@@ -640,6 +640,8 @@ def _load_hf_folder(
     if config.num_classes and len(labels) == config.num_classes:
         model.pretrained_cfg["label_names"] = tuple(str(labels[k]) for k in sorted(labels, key=int))
     if loading:
-        converted = module.convert_hf(state_dict, hf_cfg)
+        converted = module.convert_hf(state_dict, hf_cfg)  # for the folder's own config
+        if "img_size" in overrides:  # another size: the family's fix (pos_embed resampled)
+            converted = converter(converted, config)
         hub.load_state_dict(model, converted, source=str(folder))
     return model
