@@ -79,8 +79,11 @@ def load(args: argparse.Namespace):
     from attn_core.hub import WeightsError
 
     device = pick_device(args.device)
+    path_option = "--pretrained PATH"  # how to pass a local checkpoint instead
     try:
         brings_weights = args.model.startswith("hf-hub:") or Path(args.model).is_dir()
+        if brings_weights:  # a folder / hub repo: its local copy is passed as --model
+            path_option = "--model FOLDER"
         random_init = args.pretrained is None and not brings_weights
         if random_init:
             attn_vision.get_model_config(args.model)  # an unknown name is named first
@@ -94,7 +97,7 @@ def load(args: argparse.Namespace):
     except InputError:
         raise
     except (WeightsError, ValueError, OSError) as e:
-        msg = one_line(e)
+        msg = one_line(e, path_option=path_option)
         raise InputError(msg if args.model in msg else f"cannot load {args.model}: {msg}") from None
     if not model.num_classes:
         raise InputError(f"{args.model} has no classifier head (num_classes=0)")

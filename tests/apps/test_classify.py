@@ -148,3 +148,4 @@ def test_a_transformers_folder_prints_its_own_labels(hf_vit, capsys, tmp_path, m
     assert app.main(["--model", "hf-hub:google/not-cached", *args]) == 2
     line = error_line(capsys)
     assert "google/not-cached" in line and str(tmp_path / "hub") in line
+    assert line.endswith("pass the local file or folder instead (--model FOLDER)."), line
