@@ -1,9 +1,9 @@
 """The recipes from webdataset shards (attn_train.wds): make_shapes.py --format wds writes
-img2dataset's layout; train_clip.py killed with kill -9 mid-epoch (DataLoader workers, an odd
-batch count) resumes to the uninterrupted run's losses and weights bit for bit; finetune_vit.py
-trains on the shards' labels and distill_clip.py on their captions; bad input is one line and
-exit 2 with nothing written; word dropout keeps the model's own pad id. (2 processes from
-shards == 1 process: tests/train/test_distributed.py.)"""
+img2dataset's layout; train_clip.py killed with kill -9 mid-epoch (an odd batch count, no
+DataLoader workers) resumes to the uninterrupted run's losses and weights bit for bit, and so
+does finetune_vit.py on the shards' labels; distill_clip.py trains on their captions; bad input
+is one line and exit 2 with nothing written; word dropout keeps the model's own pad id.
+(2 processes from shards == 1 process: tests/train/test_distributed.py.)"""
 
 from __future__ import annotations
 
@@ -96,6 +96,24 @@ def test_finetune_vit_trains_on_the_shards_labels(load_script, shards, tmp_path)
     model = attn_vision.create_model(str(out / "last"))
     names = (shards / "classnames.txt").read_text().splitlines()
     assert model.num_classes == 30 and list(model.pretrained_cfg["label_names"]) == names
+
+
+def test_finetune_vit_killed_resumes_to_the_same_weights(load_script, shards, tmp_path):
+    """The label path: kill -9 while update 4 is written (last/ holds update 2), the same
+    command resumes and ends bit-identical to the uninterrupted run (in process, as above)."""
+    fv = load_script("finetune_vit")
+    argv = ["--train-data", spec(shards), "--classnames", str(shards / "classnames.txt")]
+    argv += [*VIT_TINY, *RUN, "--batch-size", "8", "--max-steps", "5", "--save-every", "2"]
+    argv += ["--workers", "0"]
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    assert fv.main([*argv, "--out", str(straight)])["step"] == 5
+    killed_at(fv.main, [*argv, "--out", killed], step=4)
+    assert max(step_losses(killed)) == 4 and not events(killed, "done")
+    assert fv.main([*argv, "--out", str(killed)])["step"] == 5
+    assert events(killed, "resume")[0]["step"] == 2
+    assert step_losses(killed) == step_losses(straight)
+    assert_same_weights(straight / "last", killed / "last")
+    assert (killed / "last" / "shards.json").is_file()
 
 
 def test_distill_clip_from_shards(load_script, shards, tmp_path):
