@@ -1,8 +1,9 @@
 """The recipes from webdataset shards (attn_train.wds): make_shapes.py --format wds writes
 img2dataset's layout; train_clip.py killed with kill -9 mid-epoch (an odd batch count, no
 DataLoader workers) resumes to the uninterrupted run's losses and weights bit for bit, and so
-does finetune_vit.py on the shards' labels; distill_clip.py trains on their captions; bad input
-is one line and exit 2 with nothing written; word dropout keeps the model's own pad id.
+does finetune_vit.py on the shards' labels and distill_clip.py on their captions (with a
+teacher); bad input is one line and exit 2 with nothing written; word dropout keeps the model's
+own pad id.
 (2 processes from shards == 1 process: tests/train/test_distributed.py.)"""
 
 from __future__ import annotations
@@ -124,6 +125,26 @@ def test_distill_clip_from_shards(load_script, shards, tmp_path):
     result = dc.main([*argv, "--dataset-resampled", "--out", str(tmp_path / "d")])
     assert result["step"] == 2 and (tmp_path / "d" / "last" / "shards.json").is_file()
     assert json.loads((tmp_path / "d" / "last" / "shards.json").read_text())["resampled"]
+
+
+def test_distill_clip_killed_resumes_to_the_same_weights(load_script, shards, tmp_path):
+    """The caption path with a teacher: kill -9 while update 4 is written (last/ holds
+    update 2), the same command resumes and ends bit-identical to the uninterrupted run (in
+    process, as above)."""
+    dc = load_script("distill_clip")
+    argv = ["--teacher", "demo-shapes", "--teacher-pretrained", "shapes", "--model", "demo-shapes"]
+    argv += ["--set", "vision.width=32", "vision.layers=1", "text.token_dim=8", *RUN]
+    argv += ["--train-data", spec(shards), "--batch-size", "8", "--max-steps", "5"]
+    argv += ["--save-every", "2", "--workers", "0"]
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    assert dc.main([*argv, "--out", str(straight)])["step"] == 5
+    killed_at(dc.main, [*argv, "--out", killed], step=4)
+    assert max(step_losses(killed)) == 4 and not events(killed, "done")
+    assert dc.main([*argv, "--out", str(killed)])["step"] == 5
+    assert events(killed, "resume")[0]["step"] == 2
+    assert step_losses(killed) == step_losses(straight)
+    assert_same_weights(straight / "last", killed / "last")
+    assert (killed / "last" / "shards.json").is_file()
 
 
 @pytest.mark.parametrize(
