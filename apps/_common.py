@@ -51,6 +51,12 @@ def for_cli(message: Any) -> str:
     return one_line(message, list_option="--list-models")
 
 
+def brings_weights(model: str) -> bool:
+    """Whether ``--model`` names its own weights: an ``hf-hub:`` repo or a local folder (whose
+    local copy is passed as ``--model FOLDER``, not ``--pretrained PATH``)."""
+    return model.startswith("hf-hub:") or Path(model).is_dir()
+
+
 def note(message: Any) -> None:
     """Print an informational line on stderr (as it is, one line), above any progress bar."""
     text = " ".join(str(message).split())
@@ -219,6 +225,9 @@ def load_model(
             name, weights, device=dev, precision=precision
         )
     except WeightsUnavailableError as e:
+        if brings_weights(name):  # a hub repo's local copy is a folder, passed as --model
+            msg = one_line(e, path_option="--model FOLDER", list_option="--list-models")
+            raise InputError(f"weights not available: {msg}") from None
         raise InputError(
             f"weights not available: {for_cli(e)} Or run offline with the bundled model: "
             f"--model {DEMO_MODEL} (or --pretrained PATH to a downloaded checkpoint)."

@@ -27,7 +27,7 @@ import itertools
 import json
 from pathlib import Path
 
-from _common import display_width, pad, pick_device
+from _common import brings_weights, display_width, pad, pick_device
 from attn_core.cli import fail, make_parser, one_line, run, warn
 from attn_core.errors import InputError
 from attn_vision.images import find_images, iter_images, open_image
@@ -81,10 +81,10 @@ def load(args: argparse.Namespace):
     device = pick_device(args.device)
     path_option = "--pretrained PATH"  # how to pass a local checkpoint instead
     try:
-        brings_weights = args.model.startswith("hf-hub:") or Path(args.model).is_dir()
-        if brings_weights:  # a folder / hub repo: its local copy is passed as --model
+        own_weights = brings_weights(args.model)
+        if own_weights:  # a folder / hub repo: its local copy is passed as --model
             path_option = "--model FOLDER"
-        random_init = args.pretrained is None and not brings_weights
+        random_init = args.pretrained is None and not own_weights
         if random_init:
             attn_vision.get_model_config(args.model)  # an unknown name is named first
         if random_init and not args.random_weights:

@@ -100,7 +100,8 @@ def test_hf_hub_id_offline_and_the_index_refuses_other_weights(dino, tmp_path, m
                                                                fake_hub_cache):  # fmt: skip
     """``--model hf-hub:facebook/dinov2-small`` from the cache gives the folder's embeddings;
     the index records the backbone: another --model is refused, and so are changed weights
-    under the same hub id."""
+    under the same hub id; an uncached id is one line that names it, the cache and the
+    folder to pass instead."""
     from attn_clip.retrieval import load_index_set
     from huggingface_hub import constants
 
@@ -127,3 +128,8 @@ def test_hf_hub_id_offline_and_the_index_refuses_other_weights(dino, tmp_path, m
     result = call(retrieval.main, "search", index, "--image", image)
     assert result.code == 2
     one_line_error(result.err, "not the ones this index was built with")
+    result = call(retrieval.main, "index", gallery, "--out", tmp_path / "no.idx", "--model",
+                  "hf-hub:facebook/not-cached")  # fmt: skip
+    assert result.code == 2 and not (tmp_path / "no.idx").exists()
+    line = one_line_error(result.err, "facebook/not-cached", str(cache))
+    assert line.endswith("pass the local file or folder instead (--model FOLDER)."), line
