@@ -32,7 +32,7 @@ from .evaluate import (
     zero_shot_top1,
 )
 from .onnx import export_onnx, onnxruntime_runners
-from .openvino import OpenVINOTower, compile_openvino, to_openvino
+from .openvino import OpenVINOTower, compile_openvino, signal_stack_kept, to_openvino
 from .pipeline import FORMATS, QUANTIZE, export_clip, requirements, write_export_meta
 from .quantize import (
     Calibration,
@@ -84,6 +84,7 @@ __all__ = [
     "quantize_dynamic_int8",
     "quantize_static",
     "require",
+    "signal_stack_kept",
     "requirements",
     "speed_table",
     "state_dict_mb",
