@@ -41,6 +41,14 @@ a line on stderr says so). The index itself holds image embeddings only: no lang
 (size and mtime, or SHA-256), bad samples are skipped and counted in one line, and under
 ``torchrun`` the shards are dealt to the ranks.
 
+``index --caption`` with a CoCa ``--model`` (e.g. the bundled ``demo-shapes-coca``) also
+writes each image's greedy caption (the image tower runs once for both) into the manifest:
+``search`` prints it beside the path (JSON: "caption"), ``--export-embeddings`` and
+``serve`` return it. The index remembers it: ``--update`` captions new and changed files and
+keeps the others'; ``--update --caption`` of an index built without captions is refused
+(rebuild it). Captions are shown, exported and served, not searched: ``--text`` ranks the
+image embeddings. Captioning needs a CoCa, a folder and one process (no torchrun, no shards).
+
 Bad input (unreadable index, missing query image, empty query, unknown model, weights not
 available offline, a CSV without image / caption columns) prints one line on stderr and
 exits with code 2. Unreadable files under the indexed folder are skipped and counted.
@@ -202,7 +210,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         result = index.update(
             args.dir, batch_size=args.batch_size, workers=args.workers, ann=ann,
             shard_size=args.shard_size, warn=lambda m: warn(m),
-            load_model=lambda record: load_recorded(args, record),
+            load_model=lambda record: load_recorded(args, record), caption=args.caption,
         )  # fmt: skip
     except IndexBusyError as e:
         raise InputError(f"{e}; try again when it has finished") from None
@@ -242,7 +250,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         print(f"{kind}: {query}")
         for rank, hit in enumerate(listed, 1):
             prob = f"  p(match) {100 * hit['prob']:6.2f}%" if "prob" in hit else ""
-            where = hit.get("path") or f"{hit['id']}  {hit.get('caption', '')}".rstrip()
+            where = f"{hit.get('path') or hit['id']}  {hit.get('caption', '')}".rstrip()
             print(f"  {rank:>3}  {hit['score']:.4f}{prob}  {where}")
         print()
     if args.grid:
@@ -256,10 +264,11 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def listed_hit(hit) -> dict:
-    """A hit as printed: a file's path, or a shard sample's id, shard and caption."""
-    if hit.key is None:
-        return {"path": shown(hit.path), "score": hit.score}
+    """A hit as printed: a file's path (and its generated caption), or a shard sample's id,
+    shard and caption."""
     caption = {"caption": hit.caption} if hit.caption is not None else {}
+    if hit.key is None:
+        return {"path": shown(hit.path), **caption, "score": hit.score}
     return {"id": hit.id, "shard": shown(hit.path), **caption, "score": hit.score}
 
 
@@ -440,6 +449,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ix.add_argument("--out", required=True, metavar="INDEX", help="index path (no extension)")
     ix.add_argument("--update", action="store_true",
                     help="embed only new or changed files (shards)")  # fmt: skip
+    ix.add_argument("--caption", action="store_true",
+                    help="a CoCa --model also captions each image (a folder; kept, shown by "
+                    "search, exported, served); an index built so keeps captioning on "
+                    "--update")  # fmt: skip
     an = ix.add_argument_group("approximate search (faiss)")
     # fmt: off
     an.add_argument("--ann", choices=("auto", "on", "off"), default="auto",

@@ -281,23 +281,38 @@ class CoCa(CLIP):
         (``seed`` for repeatable samples), ``repetition_penalty``,
         ``no_repeat_ngram_size``, ``min_new_tokens`` / ``max_new_tokens``, ``use_cache``.
         """
+        if images.ndim != 4:
+            raise ValueError(f"images must be (B, C, H, W), got {tuple(images.shape)}")
+        return self.generate_from_tokens(None, generation_config, images=images, **options)
+
+    @torch.no_grad()
+    def generate_from_tokens(
+        self,
+        image_tokens: torch.Tensor | None,
+        generation_config: GenerationConfig | None = None,
+        *,
+        images: torch.Tensor | None = None,
+        **options: Any,
+    ) -> torch.Tensor:
+        """:meth:`generate` from image tokens ``(B, S, D)`` already computed by
+        :meth:`encode_image_tokens` (e.g. by a caller that also keeps the images'
+        embeddings: the image tower runs once); ``images`` instead: encoded here."""
         config = generation_config or self.generation_config()
         if options:
             config = config.update(**options)
-        if images.ndim != 4:
-            raise ValueError(f"images must be (B, C, H, W), got {tuple(images.shape)}")
         was_training = self.training
         self.eval()
         try:
             positions = self.config.multimodal.context_length
             max_length = resolve_max_length(config, 1, positions)  # (raises before any work)
-            _, image_tokens = self.encode_image_tokens(images)  # once per image
+            if image_tokens is None:
+                _, image_tokens = self.encode_image_tokens(images)  # once per image
             rows = config.num_beams if config.num_beams > 1 else config.num_return_sequences
             decoder = CaptionDecoder(
                 self, image_tokens, rows, use_cache=config.use_cache, max_length=max_length
             )
             start = config.bos_token_id
-            prompt = torch.full((images.shape[0], 1), start, dtype=torch.long,
+            prompt = torch.full((image_tokens.shape[0], 1), start, dtype=torch.long,
                                 device=image_tokens.device)  # fmt: skip
             return generate(decoder, prompt, config, max_positions=positions)
         finally:

@@ -22,6 +22,12 @@ Webdataset tar shards index as well (:mod:`.tars`: ids ``shard/key``, captions k
     hit = index.search("a red circle")[0]       # hit.id "00003/000030012", hit.caption,
                                                 # hit.path the tar, hit.key its sample
 
+A CoCa model can caption each image as it is indexed (a folder; kept in the manifest)::
+
+    index = RetrievalIndex.create("photos.idx", "demo-shapes-coca", "shapes", caption=True)
+    index.update("photos/")                     # later updates caption new files too
+    hit = index.search("a red circle")[0]       # hit.caption: "a circle in red"
+
 The files are the retrieval app's (``apps/retrieval.py index`` writes the same index).
 """
 
@@ -61,7 +67,7 @@ class Hit:
     path: Path  # where the file is (the folder + id; shards: the tar file)
     score: float  # cosine similarity
     prob: float | None = None  # SigLIP models, text queries: sigmoid p(match)
-    caption: str | None = None  # shards: the sample's caption (txt), when it has one
+    caption: str | None = None  # shards: the sample's (txt); captioned folder index: generated
     key: str | None = None  # shards: the sample's key in the tar at ``path``
 
 
@@ -88,6 +94,7 @@ class RetrievalIndex:
         self.manifest, self.embeddings = manifest, embeddings
         self._model = model
         self.device, self.precision = device, precision
+        self._caption = False  # a new index: caption its images (create(caption=True))
 
     @classmethod
     def open(
@@ -116,16 +123,32 @@ class RetrievalIndex:
         *,
         device: str | torch.device | None = None,
         precision: str = "fp32",
+        caption: bool = False,
     ) -> RetrievalIndex:
         """A new, empty index of ``model`` (an :class:`IndexModel`, or a model name built
         with ``pretrained`` weights: a CLIP or an image-only backbone, by
         :func:`.backbone.model_kind`'s rule); nothing is written before :meth:`update`, which then
-        replaces any index at ``path``."""
+        replaces any index at ``path``. ``caption``: a CoCa ``model`` also captions each
+        image of a folder (greedy, ``CoCa.caption``'s; the image tower runs once for both),
+        and every later update captions the new and changed ones (:attr:`Hit.caption`)."""
         if not Path(path).resolve().parent.is_dir():
             raise RetrievalError(f"folder {Path(path).parent} does not exist")
         if isinstance(model, str):
             model = IndexModel.load(model, pretrained, device=device, precision=precision)
-        return cls(path, model=model, device=device, precision=precision)
+        index = cls(path, model=model, device=device, precision=precision)
+        if caption:
+            index._check_caption(model)
+        index._caption = caption
+        return index
+
+    @property
+    def captions(self) -> bool:
+        """Whether the index keeps a generated caption of each image."""
+        return self.manifest.captions if self.manifest is not None else self._caption
+
+    def _check_caption(self, model: IndexModel) -> None:
+        if not model.can_caption:
+            raise RetrievalError(f"captions need a CoCa model; {model.describe()} is not one")
 
     @property
     def record(self) -> ModelRecord | None:
@@ -174,6 +197,7 @@ class RetrievalIndex:
         progress: bool = True,
         warn: Callable[[str], None] = _warn,
         load_model: Callable[[ModelRecord], IndexModel] | None = None,
+        caption: bool = False,
     ) -> UpdateResult | None:
         """Bring the index up to date with ``folder`` (searched recursively; or webdataset
         tar shards, ``"data/{00000..00009}.tar"``: see :mod:`.tars`): keep the rows
@@ -185,7 +209,16 @@ class RetrievalIndex:
         Under ``torchrun`` every rank calls this: the work is split in shards of
         ``shard_size`` files, other ranks build the recorded model with ``load_model``
         (default :meth:`IndexModel.load` of its name and weights; its fingerprint is
-        checked), and rank 0 alone gets the result (the others None)."""
+        checked), and rank 0 alone gets the result (the others None).
+
+        ``caption=True``: as :meth:`create`'s (a new index), or a check that the index
+        keeps captions; an index that does captions its new and changed images anyway.
+        Captioning needs a CoCa, a folder (shards keep their own captions) and one process
+        (no torchrun), else a :class:`RetrievalError` before anything is written."""
+        if caption and self.manifest is not None and not self.manifest.captions:
+            raise RetrievalError(f"{self.base} was built without captions: rebuild it with "
+                                 "captions (not an update) to caption every image")  # fmt: skip
+        captions = caption or self.captions
         tars = None
         if is_shard_list(folder):
             root, tars = list_tars(folder)
@@ -193,6 +226,13 @@ class RetrievalIndex:
             root = Path(folder)
             check_folder(root)
             root = root.resolve()
+        if captions:
+            if tars is not None:
+                raise RetrievalError("captions are generated for a folder of images: "
+                                     "webdataset shards keep their own (txt)")  # fmt: skip
+            if torchrun_rank() is not None:
+                raise RetrievalError("captions are generated in one process, not under torchrun")
+            self._check_caption(self.model)
         ann = ann or AnnOptions()
         how = {"ann_options": ann, "batch_size": batch_size, "workers": workers, "warn": warn}
         if torchrun_rank() is not None:
@@ -207,7 +247,7 @@ class RetrievalIndex:
                                          progress=progress, **how)  # fmt: skip
                 else:
                     result = update_folder(self.base, root, self.model, old, progress=progress,
-                                           **how)  # fmt: skip
+                                           caption=captions, **how)  # fmt: skip
         if result is not None:
             self.manifest, self.embeddings = result.manifest, result.embeddings
         return result
@@ -301,7 +341,7 @@ class RetrievalIndex:
         """A hit on ``id``: a file below the folder, or a shard index's sample (its tar)."""
         tar = self.manifest.shard_file(id)
         if tar is None:
-            return Hit(id, self.root / id, score, prob)
+            return Hit(id, self.root / id, score, prob, self.manifest.caption(id))
         return Hit(id, tar, score, prob, self.manifest.caption(id), id.split("/", 1)[1])
 
     def search(self, query: Query, k: int = 10, **kwargs) -> list[Hit]:

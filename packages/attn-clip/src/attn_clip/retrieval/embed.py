@@ -122,6 +122,22 @@ class IndexModel:
             return self.model.encode_image(x, normalize=True)
         return pooled(self.model, x)
 
+    @property
+    def can_caption(self) -> bool:
+        """Whether the model writes captions (a CoCa: :meth:`encode_and_caption`)."""
+        from ..coca import CoCa
+
+        return isinstance(self.model, CoCa)
+
+    @torch.no_grad()
+    def encode_and_caption(self, x: torch.Tensor) -> tuple[torch.Tensor, list[str]]:
+        """A CoCa: ``(B, 3, H, W)`` preprocessed images -> ``(B, E)`` normalized embeddings
+        (:meth:`encode_images`') and each image's greedy caption (``CoCa.caption``'s),
+        the image tower run once for both."""
+        emb, tokens = self.model.encode_image_tokens(x)
+        captions = self.model.decode(self.model.generate_from_tokens(tokens))
+        return torch.nn.functional.normalize(emb, dim=-1), captions
+
     @torch.no_grad()
     def embed_texts(self, texts: list[str], batch_size: int = 32) -> torch.Tensor:
         """Normalized float32 text embeddings ``(len(texts), E)`` on the CPU
@@ -151,16 +167,19 @@ def embed_images(
     workers: int = 4,
     desc: str = "embedding",
     progress: bool = True,
+    captions: dict[Path, str] | None = None,
 ) -> Iterator[tuple[Path, torch.Tensor | None, str | None, str | None]]:
     """Yield ``(path, embedding (E,) or None, sha256, error)`` for each path in order, with
     a tqdm progress bar (``progress=False``: none). An unreadable file gets ``error`` (the
-    image decoder's message) and no embedding."""
+    image decoder's message) and no embedding. ``captions`` (a CoCa model): each embedded
+    path's greedy caption is put there, before the path is yielded."""
     from tqdm import tqdm
 
     bar = tqdm(total=len(paths), unit="img", desc=desc, disable=None if progress else True)
     stream = iter_images(paths, workers, transform=model.preprocess, draft=draft_size(model))
     try:
-        yield from embed_stream(model, stream, batch_size=batch_size, workers=workers, bar=bar)
+        yield from embed_stream(model, stream, batch_size=batch_size, workers=workers, bar=bar,
+                                captions=captions)  # fmt: skip
     finally:
         bar.close()
 
@@ -171,11 +190,18 @@ def draft_size(model: IndexModel) -> int | None:
 
 
 def embed_stream(
-    model: IndexModel, stream: Iterator[tuple], *, batch_size: int, workers: int, bar: Any
+    model: IndexModel,
+    stream: Iterator[tuple],
+    *,
+    batch_size: int,
+    workers: int,
+    bar: Any,
+    captions: dict | None = None,
 ) -> Iterator[tuple[Any, torch.Tensor | None, Any, str | None]]:
     """Embed ``(item, model input or None, extra, error or None)`` tuples in batches (read
     ``2 * batch_size`` ahead by a thread when ``workers``) and yield ``(item, embedding (E,)
-    or None, extra, error)`` in order, counting them on the tqdm ``bar``."""
+    or None, extra, error)`` in order, counting them on the tqdm ``bar``. ``captions``: each
+    embedded item's caption is put there too (:meth:`IndexModel.encode_and_caption`)."""
     if workers > 0:
         stream = read_ahead(stream, 2 * batch_size)
     try:
@@ -184,7 +210,14 @@ def embed_stream(
             embs = []
             if good:
                 with torch.no_grad():
-                    embs = model.encode_images(torch.stack(good).to(model.device)).float().cpu()
+                    x = torch.stack(good).to(model.device)
+                    if captions is None:
+                        embs = model.encode_images(x).float().cpu()
+                    else:
+                        embs, texts = model.encode_and_caption(x)
+                        embs = embs.float().cpu()
+                        items = [item for item, _, _, err in batch if err is None]
+                        captions.update(zip(items, texts, strict=True))
             it = iter(embs)
             for p, _, h, err in batch:
                 yield (p, None, None, err) if err is not None else (p, next(it), h, None)

@@ -17,7 +17,9 @@ numbers its partitions (``img_emb_0`` .. ``img_emb_9``; from 11 files on, zero-p
 same width), ``rows_per_file`` rows each. The embeddings are float32 (the index's own
 values) or float16 (what clip-retrieval's inference writes). An index of tar shards
 (:mod:`.tars`) has no image files: ``image_path`` and ``key`` are then the sample's id
-(``shard/key``), ``caption`` the one kept in its manifest.
+(``shard/key``), ``caption`` the one kept in its manifest. A folder index built with
+captions (``index --caption``) exports the generated caption kept in its manifest instead of
+a ``.txt`` file's.
 
 The folder is written next to ``out`` and renamed into place when complete; an existing
 export there is replaced, any other non-empty folder is refused. Captions are read only
@@ -151,7 +153,8 @@ def export_embeddings(
                     matrix[rows].astype(DTYPES[dtype]))  # fmt: skip
             if manifest.shards is None:
                 paths = [str(folder / i) for i in ids]
-                captions = [read_caption(root, folder / i) for i in ids]
+                captions = [manifest.caption(i) if manifest.captions
+                            else read_caption(root, folder / i) for i in ids]  # fmt: skip
             else:  # a shard index: ids are samples, not files
                 paths, captions = list(ids), [manifest.caption(i) for i in ids]
             table = pa.table(

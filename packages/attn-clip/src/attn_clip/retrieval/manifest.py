@@ -11,6 +11,12 @@ An index of webdataset tar shards (:mod:`.tars`) has ids ``shard/key`` instead o
 ``.tar``) to ``{"path", "size", "mtime_ns", "sha256", "samples"}`` (and ``"error"`` for a
 truncated shard): what an update compares.
 
+A folder index built with captions (``RetrievalIndex.create(..., caption=True)``, the app's
+``index --caption``: a CoCa model's greedy caption of each image) has ``"captions": true``
+and each file's ``"caption"`` beside its size, mtime and SHA-256; every later update
+captions the new and changed files. A caption that is not a string is refused (either kind
+of index).
+
 Versions: 1 (no generation: the embeddings are ``INDEX.safetensors`` / ``.json``), 2
 (``"generation": N``) and 3 (2 with ``"shards"``) are read; 2 is written for a folder, 3
 for shards (so a reader that knows only folders refuses a shard index).
@@ -61,6 +67,7 @@ class Manifest:
     generation: int | None = None  # None: a version-1 index (unversioned files)
     version: int = VERSION
     shards: dict[str, dict[str, Any]] | None = None  # a shard index's shards (see above)
+    captions: bool = False  # a folder index that keeps each file's generated caption
 
     @classmethod
     def read(cls, base: str | os.PathLike) -> Manifest:
@@ -102,12 +109,24 @@ class Manifest:
             raise IndexFormatError(f"{where}: a broken manifest (shards {type(shards).__name__})")
         if shards is not None and not _shards_ok(shards, data["files"], data["skipped"]):
             raise IndexFormatError(f"{where}: a broken manifest (a sample of no listed shard)")
+        captions = data.get("captions", False)
+        if not isinstance(captions, bool) or (captions and shards is not None):
+            raise IndexFormatError(f"{where}: a broken manifest (captions {captions!r})")
+        texts = (
+            (id, f.get("caption", "")) for id, f in data["files"].items() if isinstance(f, dict)
+        )
+        bad = next((id for id, text in texts if not isinstance(text, str)), None)
+        if bad is not None:
+            raise IndexFormatError(f"{where}: a broken manifest (the caption of {bad!r} is "
+                                   "not a string)")  # fmt: skip
         return cls(ModelRecord.from_json(data["model"], where), data["root"], data["files"],
-                   data["skipped"], generation, data["version"], shards)  # fmt: skip
+                   data["skipped"], generation, data["version"], shards, captions)  # fmt: skip
 
     def caption(self, id: str) -> str | None:
-        """The caption a shard index keeps for sample ``id`` (None: none, or a folder index)."""
-        return (self.files.get(id) or {}).get("caption") if self.shards is not None else None
+        """The caption kept for ``id``: a shard sample's, or a captioned folder index's
+        generated one (None: none)."""
+        entry = self.files.get(id)
+        return entry.get("caption") if isinstance(entry, dict) else None
 
     def shard_file(self, id: str) -> Path | None:
         """The tar file holding sample ``id`` of a shard index (None for a folder index):
@@ -130,6 +149,8 @@ class Manifest:
             data["generation"] = self.generation
         if self.shards is not None:
             data["shards"] = self.shards
+        if self.captions:
+            data["captions"] = True
         return data
 
 

@@ -6,7 +6,8 @@ unreadable file that did not change is not retried; everything else is embedded.
 An index of webdataset shards is planned shard by shard (:func:`.tars.plan_tar_update`)
 into the same :class:`UpdatePlan`, whose :meth:`UpdatePlan.take_shard` records a shard's
 samples.
-:meth:`UpdatePlan.take` records each embedded (or unreadable) file, and
+:meth:`UpdatePlan.take` records each embedded (or unreadable) file (with its generated
+caption in an index that keeps them: an unchanged file keeps its old one), and
 :meth:`UpdatePlan.assemble` builds the new embeddings and manifest, sorted by path.
 """
 
@@ -46,6 +47,7 @@ class UpdatePlan:
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTS, 0))
     new: dict[str, torch.Tensor] = field(default_factory=dict)  # rel -> its new embedding
     shards: dict[str, dict[str, Any]] | None = None  # a shard index: name -> its record
+    captions: bool = False  # a folder index that keeps each image's generated caption
 
     def take_shard(self, name: str, info: dict[str, Any], rows: list) -> list[str]:
         """Record one embedded shard (``info``: its manifest record) and its samples, ``rows``
@@ -69,8 +71,12 @@ class UpdatePlan:
             self.new[id] = emb
         return errors
 
-    def take(self, rel: str, stat: dict, emb, digest: str | None, error: str | None) -> None:
-        """Record one embedded (or, with ``error``, unreadable) file."""
+    def take(
+        self, rel: str, stat: dict, emb, digest: str | None, error: str | None,
+        caption: str | None = None,
+    ) -> None:  # fmt: skip
+        """Record one embedded (or, with ``error``, unreadable) file (and its generated
+        ``caption``, when the index keeps them)."""
         if error is not None:
             self.skipped[rel] = {**stat, "error": error}
             self.counts["skipped"] += 1
@@ -78,6 +84,8 @@ class UpdatePlan:
         old_files = self.old.files if self.old else {}
         self.counts["updated" if rel in old_files else "added"] += 1
         self.files[rel] = {**stat, "sha256": digest}
+        if caption is not None:
+            self.files[rel]["caption"] = caption
         self.new[rel] = emb
 
     def assemble(self) -> tuple[EmbeddingIndex, Manifest]:
@@ -102,7 +110,8 @@ class UpdatePlan:
         index.add(emb, ids=order)
         shards = None if self.shards is None else dict(sorted(self.shards.items()))
         manifest = Manifest(self.record, str(self.root), {rel: self.files[rel] for rel in order},
-                            dict(sorted(self.skipped.items())), shards=shards)  # fmt: skip
+                            dict(sorted(self.skipped.items())), shards=shards,
+                            captions=self.captions)  # fmt: skip
         return index, manifest
 
 
@@ -125,6 +134,8 @@ def plan_update(
         same_stat = prev is not None and all(prev[k] == stat[k] for k in stat)
         if rel in old_files and (same_stat or _same_content(path, prev, stat)):
             plan.files[rel] = {**stat, "sha256": prev["sha256"]}
+            if "caption" in prev:  # (an index that keeps generated captions)
+                plan.files[rel]["caption"] = prev["caption"]
             plan.keep[rel] = rows[rel]
             plan.counts["unchanged"] += 1
         elif rel in old_skipped and same_stat:

@@ -24,7 +24,8 @@ Endpoints (those of clip back, which clip-retrieval's ``ClipClient`` and its fro
   default ``num_images``), ``indice_name`` (default: the first index), ``modality``
   (``"image"``, the default), ``deduplicate`` (clip back's: a result whose embedding has
   cosine > 0.94 to a better one is dropped). The answer is clip back's list, best first:
-  ``{"image_path", "caption" (a ``.txt`` file beside the image, when there is one),
+  ``{"image_path", "caption" (a ``.txt`` file beside the image, when there is one; an
+  index built with ``--caption``: the generated caption kept in its manifest),
   "image" (with ``images=True``: the file's bytes, base64), "id" (the embedding's row in
   the generation named by the ``X-Index-Generation`` header), "similarity" (cosine)}``;
   results past ``num_images`` carry ``id`` and ``similarity`` only, as in clip back.
@@ -163,10 +164,11 @@ class Snapshot:
         return self.index.manifest.shards is not None
 
     def caption(self, row: int) -> str | None:
-        """A shard sample's caption (kept in the manifest), or the text of the ``.txt`` file
+        """A shard sample's caption or a captioned folder index's generated one (kept in the
+        manifest), or the text of the ``.txt`` file
         beside the row's image (clip-retrieval's folder layout, read once per generation);
         None when there is none."""
-        if self.shards:
+        if self.shards or self.index.manifest.captions:  # (a captioned folder: generated)
             return self.index.manifest.caption(self.index.embeddings.ids[row])
         if row not in self.captions:
             self.captions[row] = read_caption(self.root, self.path(row))

@@ -120,17 +120,23 @@ def update_folder(
     workers: int = 4,
     progress: bool = True,
     warn: Callable[[str], None] = _warn,
+    caption: bool = False,
 ) -> UpdateResult:
     """One process: plan against ``old`` (None: a new index), embed, write. Call it holding
-    the index's lock."""
+    the index's lock. ``caption`` (a CoCa ``model``): keep each image's greedy caption,
+    generated in the same pass (unchanged files keep theirs)."""
     found = find_folder_images(root)
     record = old[0].model if old else model.record()
     ann_options.check(record.embed_dim, len(found))
     plan = plan_update(root, found, record, *(old or (None, None)))
+    plan.captions = caption
+    captions: dict[Path, str] | None = {} if caption else None
     stream = embed_images(model, plan.todo, batch_size=batch_size, workers=workers,
-                          progress=progress)  # fmt: skip
+                          progress=progress, captions=captions)  # fmt: skip
     for path, emb, digest, error in stream:
-        plan.take(path.relative_to(root).as_posix(), file_stat(path), emb, digest, error)
+        text = captions.get(path) if captions is not None else None
+        plan.take(path.relative_to(root).as_posix(), file_stat(path), emb, digest, error, text)
         if error is not None:
             warn(f"skipped {error}")
-    return write_update(base, plan, ann_options, warn)
+    extra = {"captioned": len(captions)} if captions is not None else None
+    return write_update(base, plan, ann_options, warn, extra)
