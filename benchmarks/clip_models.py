@@ -51,8 +51,20 @@ def random_clip_onnx(quick: bool, name: str = "ViT-B-32") -> tuple[Any, Path]:
     ``attn_clip.export.export_onnx`` writes of its towers (``image.onnx``, ``text.onnx``).
 
     Made once per process and shared (sections run in one process export once; the folder is
-    removed at exit): use the model read-only."""
+    removed at exit or by ``forget_exports``): use the model read-only."""
     return _exported_clip("tiny" if quick else name)
+
+
+_EXPORT_FOLDERS: list[Path] = []
+
+
+@atexit.register
+def forget_exports() -> None:
+    """Remove the folders ``random_clip_onnx`` exported and forget its models (at exit, and
+    after the tests that ran sections in a pytest-xdist worker, which exits without atexit)."""
+    _exported_clip.cache_clear()
+    while _EXPORT_FOLDERS:
+        shutil.rmtree(_EXPORT_FOLDERS.pop(), ignore_errors=True)
 
 
 @functools.cache
@@ -60,7 +72,7 @@ def _exported_clip(name: str) -> tuple[Any, Path]:
     from attn_clip import export as ex
 
     folder = Path(tempfile.mkdtemp(prefix="attn-zoo-bench-onnx-"))
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    _EXPORT_FOLDERS.append(folder)
     # not under inference_mode (run.py's sections run there): inference tensors cannot export
     with torch.inference_mode(False), torch.no_grad():
         model = random_clip(random_clip_config(name == "tiny", name))

@@ -17,6 +17,16 @@ def _restore_threads() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _exports_removed() -> Iterator[None]:
+    """The ONNX folders the sections export once per process go with each test file (a
+    pytest-xdist worker exits without running atexit)."""
+    yield
+    from benchmarks.clip_models import forget_exports
+
+    forget_exports()
+
+
 @pytest.fixture(scope="module")
 def tiny_openvino() -> tuple[Any, Any]:
     """The tiny CLIP with random weights and OpenVINO's model of its image tower (one ONNX

@@ -171,15 +171,15 @@ def test_pretrained_cfg_equals_timms(name) -> None:
     assert (ours["architecture"], ours["tag"]) == (timm_cfg["architecture"], timm_cfg["tag"])
 
 
-def test_no_heavy_imports() -> None:
+def test_no_heavy_imports(tmp_path) -> None:
     """Building, saving and loading a model never imports timm, torchvision & co."""
     code = """
-import sys, tempfile
+import pathlib, sys
 import attn_vision
 from attn_vision.patch_embed import to_2tuple
 name = "vit_tiny_patch16_224.augreg_in21k"
 m = attn_vision.create_model(name, depth=1)
-d = attn_vision.save_pretrained(m, tempfile.mkdtemp())
+d = attn_vision.save_pretrained(m, pathlib.Path(sys.argv[1]))
 attn_vision.create_model(d)
 attn_vision.create_model(name, pretrained=d / "model.safetensors", depth=1)
 attn_vision.list_models(pretrained=True)
@@ -187,7 +187,9 @@ attn_vision.create_transform(m)
 heavy = {"timm", "open_clip", "transformers", "torchvision", "huggingface_hub"}
 print(sorted({k.split(".")[0] for k in sys.modules} & heavy))
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "tiny")], capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
 
