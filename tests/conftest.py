@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
 import sys
 
 # Write .pyc files during the tests even where PYTHONDONTWRITEBYTECODE=1 is set (as on this
@@ -30,53 +29,11 @@ def _seed() -> None:
     torch.manual_seed(0)
 
 
-# -- disk: a test file's folders go with it --------------------------------------------------
-# pyproject's tmp_path_retention_policy = "failed" deletes a passing test's tmp_path when it
-# ends. The folders made with tmp_path_factory.mktemp by module- or class-scoped fixtures, or
-# by the tests themselves (checkpoints of reference models, hundreds of MB in some files),
-# would stay until the end of the run: they are deleted when the test file is done. Folders
-# of session-scoped fixtures stay.
-
-
-class _FileFolders:
-    """The plugin that does it (registered by ``pytest_configure``: a hook in this conftest
-    would not see the set-up of session-scoped fixtures, which runs on the session's node)."""
-
-    def __init__(self) -> None:
-        self.setting_up: list[str] = []  # the scopes of the fixtures being set up, innermost last
-        self.folders: list[Path] = []
-        mktemp = pytest.TempPathFactory.mktemp
-
-        def mktemp_for_the_file(
-            factory: pytest.TempPathFactory, basename: str, numbered: bool = True
-        ) -> Path:
-            path = mktemp(factory, basename, numbered)
-            if not self.setting_up or self.setting_up[-1] in ("module", "class"):
-                self.folders.append(path)
-            return path
-
-        pytest.TempPathFactory.mktemp = mktemp_for_the_file  # type: ignore[method-assign]
-
-    @pytest.hookimpl(wrapper=True)
-    def pytest_fixture_setup(self, fixturedef, request):  # noqa: ANN001, ANN201 (pytest's hook)
-        self.setting_up.append(fixturedef.scope)
-        try:
-            return (yield)
-        finally:
-            self.setting_up.pop()
-
-    @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_teardown(self, item, nextitem):  # noqa: ANN001, ANN201 (pytest's hook)
-        try:
-            return (yield)  # the file's fixtures are torn down in here, after its last test
-        finally:
-            if nextitem is None or nextitem.path != item.path:
-                while self.folders:
-                    shutil.rmtree(self.folders.pop(), ignore_errors=True)
-
-
 def pytest_configure(config: pytest.Config) -> None:
-    config.pluginmanager.register(_FileFolders(), "attn-zoo-file-folders")
+    # a test file's temporary folders go with it (disk: tests/_support/disk.py); registered
+    # here, not as a hook of this conftest, which would not see the set-up of session-scoped
+    # fixtures (it runs on the session's node, outside tests/)
+    config.pluginmanager.import_plugin("_support.disk")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

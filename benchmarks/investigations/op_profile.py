@@ -146,16 +146,17 @@ def profile_tables(args: argparse.Namespace, ours: Any, ov_model: Any) -> str:
     config = ours.config
     precision = {"fp32": "f32", "bf16": "bf16"}[args.precision]
     compiled = ex.compile_openvino(ov_model, threads, precision)
-    perf = ov.Core().compile_model(
-        ov_model,
-        "CPU",
-        {
-            "INFERENCE_NUM_THREADS": threads,
-            "PERFORMANCE_HINT": "LATENCY",
-            "INFERENCE_PRECISION_HINT": precision,
-            "PERF_COUNT": True,
-        },
-    )
+    with ex.signal_stack_kept():  # (OpenVINO swaps the thread's signal stack: docs/clip.md)
+        perf = ov.Core().compile_model(
+            ov_model,
+            "CPU",
+            {
+                "INFERENCE_NUM_THREADS": threads,
+                "PERFORMANCE_HINT": "LATENCY",
+                "INFERENCE_PRECISION_HINT": precision,
+                "PERF_COUNT": True,
+            },
+        )
     if args.precision == "bf16":
         ours16 = create_model(config, precision="bf16").eval()
         ours16.load_state_dict(ours.state_dict())
