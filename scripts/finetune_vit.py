@@ -96,6 +96,13 @@ def brings_weights(model: str) -> bool:
     return model.startswith("hf-hub:") or Path(model).is_dir()
 
 
+def weights_source(args: argparse.Namespace) -> str:
+    """Where the starting weights come from, for the run's start record."""
+    if brings_weights(args.model):
+        return "the model's own"  # (a folder or hub id: --pretrained cannot add a file)
+    return str(args.pretrained)
+
+
 def build_model(args: argparse.Namespace, num_classes: int) -> nn.Module:
     """The attn_vision model with a ``num_classes``-way head (a fresh one after loading)."""
     overrides: dict[str, Any] = cli.parse_overrides(args.set)
@@ -189,7 +196,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         max_steps,
         epochs,
         best_metric="val/top1",
-        start={"model": args.model, "pretrained": str(args.pretrained), "classes": len(classes)},
+        start={"model": args.model, "pretrained": weights_source(args), "classes": len(classes)},
     )
     result = at.fit(
         run,

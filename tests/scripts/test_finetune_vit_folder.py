@@ -93,6 +93,7 @@ def test_fine_tunes_and_a_killed_run_resumes_to_the_same_weights(data, folders, 
     assert read_progress(killed / "last")["step"] == 2
     assert fv.main([*argv, "--out", str(killed)])["step"] == 6
     assert [r["step"] for r in events(killed, "resume")] == [2]
+    assert [r["pretrained"] for r in events(straight, "start")] == ["the model's own"]
     for name in ("model.safetensors", "ema.safetensors"):
         assert_same_weights(straight / "last", killed / "last", name)
     torch.testing.assert_close(model.state_dict(), weights(straight / "last"))
