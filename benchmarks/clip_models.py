@@ -61,7 +61,7 @@ _EXPORT_FOLDERS: list[Path] = []
 @atexit.register
 def forget_exports() -> None:
     """Remove the folders ``random_clip_onnx`` exported and forget its models (at exit, and
-    after the tests that ran sections in a pytest-xdist worker, which exits without atexit)."""
+    after each test file that ran sections, so a test worker does not hold them to its end)."""
     _exported_clip.cache_clear()
     while _EXPORT_FOLDERS:
         shutil.rmtree(_EXPORT_FOLDERS.pop(), ignore_errors=True)

@@ -50,8 +50,8 @@ def shapes_data(factory: pytest.TempPathFactory, image_size: int = 32) -> Path:
     if key not in _DATA:
         from attn_train import shapes
 
-        # in the session's folder, not a mktemp one (tests/conftest.py deletes those with the
-        # test file that made them): this one is cached for the session
+        # in the session's folder, not a mktemp one (tests/_support/disk.py deletes those with
+        # the test file that made them): this one is cached for the session
         root = factory.getbasetemp() / f"session-shapes{image_size}"
         root.mkdir()
         shapes.write_dataset(root, n_train=48, n_val=24, n_heldout=12, image_size=image_size)

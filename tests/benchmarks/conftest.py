@@ -19,8 +19,8 @@ def _restore_threads() -> Iterator[None]:
 
 @pytest.fixture(scope="module", autouse=True)
 def _exports_removed() -> Iterator[None]:
-    """The ONNX folders the sections export once per process go with each test file (a
-    pytest-xdist worker exits without running atexit)."""
+    """The ONNX folders (and models) the sections export once per process go with each test
+    file, not at the worker's exit."""
     yield
     from benchmarks.clip_models import forget_exports
 
