@@ -31,6 +31,23 @@ def spec(root) -> str:
     return str(root / "train" / "{00000..00007}.tar")
 
 
+def assert_killed_run_resumes(main, argv, tmp_path, kill_at: int, saved: int):
+    """Run ``argv`` straight, then again killed with kill -9 while update ``kill_at`` is
+    written (``last/`` holds update ``saved``): the same command resumes from ``saved`` and
+    ends with the straight run's losses and weights, bit for bit. In process (no DataLoader
+    workers). Returns ``(the straight run's result, the killed run's folder)``."""
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    result = main([*argv, "--out", str(straight)])
+    killed_at(main, [*argv, "--out", killed], step=kill_at)
+    assert max(step_losses(killed)) == kill_at and not events(killed, "done")
+    assert main([*argv, "--out", str(killed)])["step"] == result["step"]
+    assert events(killed, "resume")[0]["step"] == saved
+    assert step_losses(killed) == step_losses(straight)
+    assert_same_weights(straight / "last", killed / "last")
+    assert (killed / "last" / "shards.json").is_file()
+    return result, killed
+
+
 def test_make_shapes_writes_img2datasets_layout(shards):
     import pyarrow.parquet as pq
     from attn_vision import wds
@@ -66,15 +83,8 @@ def test_a_killed_run_resumes_to_the_same_samples_and_weights(
     tc = load_script("train_clip")
     argv = clip_argv(shards, "--batch-size", "4", "--max-steps", "6", "--save-every", "3")
     argv += ["--workers", "0"]
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
-    result = tc.main([*argv, "--out", str(straight)])
+    result, killed = assert_killed_run_resumes(tc.main, argv, tmp_path, kill_at=6, saved=3)
     assert result["step"] == 6 and result["skipped_images"] == 0
-    killed_at(tc.main, [*argv, "--out", killed], step=6)
-    assert max(step_losses(killed)) == 6 and not events(killed, "done")
-    tc.main([*argv, "--out", str(killed)])
-    assert events(killed, "resume")[0]["step"] == 3
-    assert step_losses(killed) == step_losses(straight)
-    assert_same_weights(straight / "last", killed / "last")
     state = json.loads((killed / "last" / "shards.json").read_text())
     assert state["workers"] == 1 and state["num_samples"] == 64 and state["shards"] == 8  # 1 reader
 
@@ -106,15 +116,8 @@ def test_finetune_vit_killed_resumes_to_the_same_weights(load_script, shards, tm
     argv = ["--train-data", spec(shards), "--classnames", str(shards / "classnames.txt")]
     argv += [*VIT_TINY, *RUN, "--batch-size", "8", "--max-steps", "5", "--save-every", "2"]
     argv += ["--workers", "0"]
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
-    assert fv.main([*argv, "--out", str(straight)])["step"] == 5
-    killed_at(fv.main, [*argv, "--out", killed], step=4)
-    assert max(step_losses(killed)) == 4 and not events(killed, "done")
-    assert fv.main([*argv, "--out", str(killed)])["step"] == 5
-    assert events(killed, "resume")[0]["step"] == 2
-    assert step_losses(killed) == step_losses(straight)
-    assert_same_weights(straight / "last", killed / "last")
-    assert (killed / "last" / "shards.json").is_file()
+    result, _ = assert_killed_run_resumes(fv.main, argv, tmp_path, kill_at=4, saved=2)
+    assert result["step"] == 5
 
 
 def test_distill_clip_from_shards(load_script, shards, tmp_path):
@@ -136,15 +139,8 @@ def test_distill_clip_killed_resumes_to_the_same_weights(load_script, shards, tm
     argv += ["--set", "vision.width=32", "vision.layers=1", "text.token_dim=8", *RUN]
     argv += ["--train-data", spec(shards), "--batch-size", "8", "--max-steps", "5"]
     argv += ["--save-every", "2", "--workers", "0"]
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
-    assert dc.main([*argv, "--out", str(straight)])["step"] == 5
-    killed_at(dc.main, [*argv, "--out", killed], step=4)
-    assert max(step_losses(killed)) == 4 and not events(killed, "done")
-    assert dc.main([*argv, "--out", str(killed)])["step"] == 5
-    assert events(killed, "resume")[0]["step"] == 2
-    assert step_losses(killed) == step_losses(straight)
-    assert_same_weights(straight / "last", killed / "last")
-    assert (killed / "last" / "shards.json").is_file()
+    result, _ = assert_killed_run_resumes(dc.main, argv, tmp_path, kill_at=4, saved=2)
+    assert result["step"] == 5
 
 
 @pytest.mark.parametrize(
